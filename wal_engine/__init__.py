@@ -1,0 +1,32 @@
+"""wal-engine: durable long-running LLM-agent tasks on a PostgreSQL write-ahead log.
+
+The pure modules (errors, ids, limits, payloads, events, state_machine, chain) are cheap
+to import. The running side (store, engine, worker) is loaded lazily on first attribute
+access (PEP 562), so ``import replay`` never pulls in asyncpg.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_lazy = {
+    "Store": "wal_engine.store",
+    "Database": "wal_engine.store",
+    "EventRecord": "wal_engine.store",
+    "TaskHead": "wal_engine.store",
+    "connect": "wal_engine.engine",
+    "Engine": "wal_engine.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _lazy.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'wal_engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module_name), name)
+
+
+__all__ = ["__version__", *_lazy]

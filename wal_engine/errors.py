@@ -1,0 +1,193 @@
+"""The exception tree of wal-engine.
+
+Every error the engine raises on purpose is a subclass of :class:`WalError`. Operating
+errors (a lost lease, a conflicting append, bad input) carry the fields a caller needs to
+react without parsing a message. Broken invariants (a corrupt chain, a row that cannot be
+decoded) are :class:`CorruptionError` and are never swallowed.
+
+The mapping from PostgreSQL SQLSTATE codes to these classes lives in exactly one place:
+``wal_engine.store.sqlstate``.
+"""
+
+from __future__ import annotations
+
+
+class WalError(Exception):
+    """Root of every error wal-engine raises on purpose."""
+
+
+class ConfigurationError(WalError):
+    """The engine cannot start with the given configuration."""
+
+
+class EmbeddedServerUnavailable(ConfigurationError):
+    """No DSN was given and no embedded PostgreSQL server can be started."""
+
+
+class DatabaseUnavailable(WalError):
+    """The database cannot be reached (refused, timed out, or shut down)."""
+
+    def __init__(self, dsn_redacted: str, reason: str) -> None:
+        super().__init__(f"database unreachable at {dsn_redacted}: {reason}")
+        self.dsn_redacted = dsn_redacted
+        self.reason = reason
+
+
+class SchemaMismatch(WalError):
+    """The database has no wal-engine schema, or one of another version."""
+
+    def __init__(self, found: int | None, expected: int) -> None:
+        found_text = "no wal-engine schema" if found is None else f"schema version {found}"
+        super().__init__(f"{found_text} found; this wal-engine needs schema version {expected}")
+        self.found = found
+        self.expected = expected
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: raised before anything is written, so the log is unchanged.
+
+
+class InvalidInput(WalError):
+    """Input rejected at the boundary; nothing was written."""
+
+
+class InvalidTaskId(InvalidInput):
+    """A task id that is empty, too long, or outside the allowed alphabet."""
+
+    def __init__(self, task_id: object, reason: str) -> None:
+        shown = repr(task_id)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid task id {shown}: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class InvalidPayload(InvalidInput):
+    """A payload that cannot be stored: not plain JSON, NaN, NUL, surrogate, too big, too deep."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"invalid payload at {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class PayloadTooLarge(InvalidPayload):
+    """An encoded payload over the configured size limit."""
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__("$", f"{size_bytes} bytes encoded, limit is {limit_bytes} bytes")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
+# ---------------------------------------------------------------------------------------
+# Operating errors of the log.
+
+
+class UnknownTask(WalError):
+    """No task with this id exists."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"unknown task {task_id!r}")
+        self.task_id = task_id
+
+
+class TaskAlreadyExists(WalError):
+    """A task with this id exists with a different definition."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id!r} already exists with a different agent or input")
+        self.task_id = task_id
+
+
+class LeaseLost(WalError):
+    """The writer's lease epoch is no longer current: another worker owns the task (fenced)."""
+
+    def __init__(self, task_id: str, epoch: int, current_epoch: int | None = None) -> None:
+        detail = "" if current_epoch is None else f" (current epoch {current_epoch})"
+        super().__init__(f"lease lost on task {task_id!r} at epoch {epoch}{detail}")
+        self.task_id = task_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class ConcurrencyConflict(WalError):
+    """The append expected a head seq that is no longer the head (another append won)."""
+
+    def __init__(self, task_id: str, expected_seq: int, actual_seq: int) -> None:
+        super().__init__(
+            f"concurrency conflict on task {task_id!r}: expected head seq {expected_seq}, "
+            f"found {actual_seq}"
+        )
+        self.task_id = task_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
+class IllegalTransition(WalError):
+    """A status move that the task state machine does not allow."""
+
+    def __init__(self, task_id: str | None, from_status: str, to_status: str) -> None:
+        who = "" if task_id is None else f" on task {task_id!r}"
+        super().__init__(f"illegal transition{who}: {from_status} -> {to_status}")
+        self.task_id = task_id
+        self.from_status = from_status
+        self.to_status = to_status
+
+
+class AppendOnlyViolation(WalError):
+    """An UPDATE, DELETE or TRUNCATE on the append-only events table was refused."""
+
+
+class AmbiguousCommit(WalError):
+    """The commit of an append may or may not have happened, and reading back could not tell."""
+
+    def __init__(self, task_id: str, first_seq: int) -> None:
+        super().__init__(f"outcome of the append at seq {first_seq} of task {task_id!r} is unknown")
+        self.task_id = task_id
+        self.first_seq = first_seq
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding and corruption: stored data that is not what the code can read.
+
+
+class CorruptionError(WalError):
+    """Stored data breaks an invariant; never swallowed."""
+
+
+class UnknownEventType(CorruptionError):
+    """A stored event of a type this code does not know."""
+
+    def __init__(self, event_type: str, seq: int | None = None) -> None:
+        where = "" if seq is None else f" at seq {seq}"
+        super().__init__(f"unknown event type {event_type!r}{where}")
+        self.event_type = event_type
+        self.seq = seq
+
+
+class UnknownEventVersion(CorruptionError):
+    """A stored event whose schema version this code cannot read (no upcaster path)."""
+
+    def __init__(self, event_type: str, version: int, supported: int, seq: int | None = None) -> None:
+        where = "" if seq is None else f" at seq {seq}"
+        super().__init__(
+            f"event {event_type!r} version {version}{where} cannot be read; "
+            f"this code reads version {supported} and has no upcaster from {version}"
+        )
+        self.event_type = event_type
+        self.version = version
+        self.supported = supported
+        self.seq = seq
+
+
+class UndecodableEvent(CorruptionError):
+    """A stored payload that does not decode into its event type."""
+
+    def __init__(self, event_type: str, seq: int | None, reason: str) -> None:
+        where = "" if seq is None else f" at seq {seq}"
+        super().__init__(f"event {event_type!r}{where} does not decode: {reason}")
+        self.event_type = event_type
+        self.seq = seq
+        self.reason = reason

@@ -1,0 +1,402 @@
+"""The event vocabulary: one closed, tagged union of frozen msgspec Structs (pure).
+
+Every row of ``wal_events`` is one of these. The row's ``type`` column is the struct's tag
+and its ``version`` column the struct's ``VERSION``; the payload is the struct's fields as
+canonical JSON (:mod:`wal_engine.payloads`). Stored payloads decode only into this closed
+union and plain JSON values: no pickle, no class looked up by a name found in a row.
+
+Evolution rules:
+
+* A new field comes with a default, so older rows still decode; the version stays.
+* A field that changes type or meaning bumps ``VERSION`` and registers an upcaster in
+  ``replay.upcasting`` that lifts a stored payload of version n to n + 1.
+* A new kind of fact is a new event type; a type is never reused for another meaning.
+* Tags are past-tense snake_case and never change once written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from wal_engine import payloads
+from wal_engine.errors import UndecodableEvent, UnknownEventType, UnknownEventVersion
+from wal_engine.state_machine import Status
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every stored event."""
+
+    VERSION: ClassVar[int] = 1
+    TARGET_STATUS: ClassVar[Status | None] = None
+    """The status the task moves to when this event is recorded, or None for observations."""
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Limits allocated to a task at submission; None means unlimited."""
+
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_runtime_s: float | None = None
+    max_cost_usd: float | None = None
+    max_tool_calls: int | None = None
+    max_attempts: int | None = None
+
+
+class PlanNode(msgspec.Struct, frozen=True, kw_only=True):
+    """One planned step of the task's plan DAG."""
+
+    node_id: str
+    action: Any = None
+    depends_on: list[str] = []
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+class TaskSubmitted(Event, tag="task_submitted", kw_only=True):
+    """The task exists: its agent, validated input and budget (always seq 1)."""
+
+    TARGET_STATUS = Status.QUEUED
+    agent: str
+    input: Any = None
+    budget: Budget = Budget()
+    parent_task_id: str | None = None
+    parent_seq: int | None = None
+
+
+class TaskClaimed(Event, tag="task_claimed", kw_only=True):
+    """A worker took a QUEUED task; the row's epoch is its fencing token."""
+
+    TARGET_STATUS = Status.RUNNING
+    worker_id: str
+    attempt: int = 1
+
+
+class TaskResumed(Event, tag="task_resumed", kw_only=True):
+    """A worker took a RESUMING task and rehydrates its state from the log."""
+
+    TARGET_STATUS = Status.RUNNING
+    worker_id: str
+    attempt: int = 1
+
+
+class StepStarted(Event, tag="step_started", kw_only=True):
+    """The next step after a checkpoint began."""
+
+    TARGET_STATUS = Status.RUNNING
+    step: int
+
+
+class StepCheckpointed(Event, tag="step_checkpointed", kw_only=True):
+    """A step boundary: everything before is durable; ``next_action`` is what comes next."""
+
+    TARGET_STATUS = Status.CHECKPOINTED
+    step: int
+    next_action: Any = None
+
+
+class TimerStarted(Event, tag="timer_started", kw_only=True):
+    """The task sleeps durably until ``wake_at_ms`` (database clock, ms since the epoch)."""
+
+    TARGET_STATUS = Status.WAITING
+    timer_id: str
+    wake_at_ms: int
+    duration_ms: int
+
+
+class SignalAwaited(Event, tag="signal_awaited", kw_only=True):
+    """The task waits for a named signal, optionally until ``timeout_at_ms``."""
+
+    TARGET_STATUS = Status.WAITING
+    name: str
+    timeout_at_ms: int | None = None
+
+
+class TaskWoken(Event, tag="task_woken", kw_only=True):
+    """A waiting task is due again: its timer fired, its signal arrived, or its wait timed out."""
+
+    TARGET_STATUS = Status.RESUMING
+    reason: str
+
+
+class TaskOrphaned(Event, tag="task_orphaned", kw_only=True):
+    """The owner's lease expired (worker presumed dead); any worker may resume the task."""
+
+    TARGET_STATUS = Status.RESUMING
+    previous_owner: str | None = None
+    previous_epoch: int = 0
+
+
+class TaskReleased(Event, tag="task_released", kw_only=True):
+    """The owner handed the task back on purpose (graceful shutdown, fork)."""
+
+    TARGET_STATUS = Status.RESUMING
+    worker_id: str | None = None
+    reason: str = "shutdown"
+
+
+class TaskCompleted(Event, tag="task_completed", kw_only=True):
+    """The task finished with ``output``."""
+
+    TARGET_STATUS = Status.COMPLETED
+    output: Any = None
+
+
+class TaskFailed(Event, tag="task_failed", kw_only=True):
+    """The task failed; ``diagnostic`` is the report for the human it escalates to."""
+
+    TARGET_STATUS = Status.FAILED
+    reason: str
+    error: str | None = None
+    diagnostic: Any = None
+
+
+class TaskCancelled(Event, tag="task_cancelled", kw_only=True):
+    """The task was cancelled from outside; it is terminal (FAILED)."""
+
+    TARGET_STATUS = Status.FAILED
+    reason: str = "cancelled"
+    requested_by: str | None = None
+
+
+# --------------------------------------------------------------------------- observations
+
+
+class ToolCallIntended(Event, tag="tool_call_intended", kw_only=True):
+    """Write-ahead record of a tool call, committed before the call runs."""
+
+    call_id: str
+    tool: str
+    args: Any = None
+    args_hash: str
+    idempotency_key: str
+    idempotent: bool = True
+    attempt: int = 1
+
+
+class ToolCallCompleted(Event, tag="tool_call_completed", kw_only=True):
+    """The recorded result of an intended tool call."""
+
+    call_id: str
+    result: Any = None
+
+
+class ToolCallFailed(Event, tag="tool_call_failed", kw_only=True):
+    """One failed attempt of a tool call; ``retry_at_ms`` set when another attempt follows."""
+
+    call_id: str
+    attempt: int
+    error: str
+    error_type: str
+    retryable: bool = False
+    retry_at_ms: int | None = None
+
+
+class ToolCallUncertain(Event, tag="tool_call_uncertain", kw_only=True):
+    """A non-idempotent call was in doubt after a crash; it is escalated, never re-run."""
+
+    call_id: str
+    policy: str
+
+
+class LlmCallIntended(Event, tag="llm_call_intended", kw_only=True):
+    """Write-ahead record of an LLM call."""
+
+    call_id: str
+    model: str
+    request: Any = None
+    request_hash: str
+    idempotency_key: str
+    attempt: int = 1
+
+
+class LlmCallCompleted(Event, tag="llm_call_completed", kw_only=True):
+    """The journaled LLM response and its token usage, so replay never pays twice."""
+
+    call_id: str
+    response: Any = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class LlmCallFailed(Event, tag="llm_call_failed", kw_only=True):
+    """One failed attempt of an LLM call."""
+
+    call_id: str
+    attempt: int
+    error: str
+    error_type: str
+    retryable: bool = False
+    retry_at_ms: int | None = None
+
+
+class MessageAppended(Event, tag="message_appended", kw_only=True):
+    """One message added to the agent's conversation history."""
+
+    role: str
+    content: Any = None
+    name: str | None = None
+
+
+class TimerFired(Event, tag="timer_fired", kw_only=True):
+    """A durable timer came due."""
+
+    timer_id: str
+
+
+class SignalReceived(Event, tag="signal_received", kw_only=True):
+    """A signal from the inbox was delivered to the task."""
+
+    name: str
+    payload: Any = None
+    signal_id: int
+
+
+class ApprovalRequested(Event, tag="approval_requested", kw_only=True):
+    """A human must approve the exact planned call (tool and hash of its canonical args)."""
+
+    call_id: str
+    tool: str
+    args_hash: str
+    signal_name: str
+
+
+class ApprovalDecided(Event, tag="approval_decided", kw_only=True):
+    """The audited answer to an approval request: who decided, on which call."""
+
+    call_id: str
+    approved: bool
+    approver: str
+    args_hash: str
+    comment: str | None = None
+
+
+class ValueRecorded(Event, tag="value_recorded", kw_only=True):
+    """A non-deterministic value (clock, random) journaled so replay sees the same value."""
+
+    call_id: str
+    kind: str
+    value: Any = None
+
+
+class EnvironmentSet(Event, tag="environment_set", kw_only=True):
+    """The task's own environment variables changed (a None value unsets one)."""
+
+    values: dict[str, str | None]
+
+
+class PlanUpdated(Event, tag="plan_updated", kw_only=True):
+    """The plan DAG was (re)written; completed nodes are kept."""
+
+    nodes: list[PlanNode]
+
+
+class PlanNodeCompleted(Event, tag="plan_node_completed", kw_only=True):
+    """A node of the plan DAG is done."""
+
+    node_id: str
+
+
+class BudgetExceeded(Event, tag="budget_exceeded", kw_only=True):
+    """A budget tripped: which one, its limit and what was used. A TaskFailed follows."""
+
+    budget: str
+    limit: float
+    used: float
+
+
+class TaskForked(Event, tag="task_forked", kw_only=True):
+    """This task continues a prefix of another task's history."""
+
+    parent_task_id: str
+    parent_seq: int
+
+
+AnyEvent = (
+    TaskSubmitted
+    | TaskClaimed
+    | TaskResumed
+    | StepStarted
+    | StepCheckpointed
+    | TimerStarted
+    | SignalAwaited
+    | TaskWoken
+    | TaskOrphaned
+    | TaskReleased
+    | TaskCompleted
+    | TaskFailed
+    | TaskCancelled
+    | ToolCallIntended
+    | ToolCallCompleted
+    | ToolCallFailed
+    | ToolCallUncertain
+    | LlmCallIntended
+    | LlmCallCompleted
+    | LlmCallFailed
+    | MessageAppended
+    | TimerFired
+    | SignalReceived
+    | ApprovalRequested
+    | ApprovalDecided
+    | ValueRecorded
+    | EnvironmentSet
+    | PlanUpdated
+    | PlanNodeCompleted
+    | BudgetExceeded
+    | TaskForked
+)
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+"""The closed vocabulary: tag -> class. Decoding never looks anywhere else."""
+
+
+def event_type(event: Event) -> str:
+    """The tag stored in the row's ``type`` column."""
+    tag = event.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def target_status(event_type_name: str) -> Status | None:
+    """The status an event of this type moves a task to, or None for observations."""
+    cls = EVENT_TYPES.get(event_type_name)
+    if cls is None:
+        raise UnknownEventType(event_type_name)
+    return cls.TARGET_STATUS
+
+
+def encode_event(event: Event, *, payload_bytes_max: int | None = None) -> tuple[str, int, bytes]:
+    """Return ``(type, version, payload bytes)`` for storage; raises InvalidPayload."""
+    fields = msgspec.to_builtins(event)
+    del fields["type"]
+    if payload_bytes_max is None:
+        encoded = payloads.encode_payload(fields)
+    else:
+        encoded = payloads.encode_payload(fields, payload_bytes_max=payload_bytes_max)
+    return event_type(event), type(event).VERSION, encoded
+
+
+def decode_event(
+    event_type_name: str, version: int, payload: bytes | dict[str, Any], seq: int | None = None
+) -> Event:
+    """Decode a stored row into its event; fails closed on an unknown type or version.
+
+    ``payload`` is the stored bytes, or an already-upcast dict of plain values.
+    """
+    cls = EVENT_TYPES.get(event_type_name)
+    if cls is None:
+        raise UnknownEventType(event_type_name, seq)
+    if version != cls.VERSION:
+        raise UnknownEventVersion(event_type_name, version, cls.VERSION, seq)
+    try:
+        if isinstance(payload, dict):
+            return msgspec.convert(payload, cls)
+        return msgspec.json.decode(payload, type=cls)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise UndecodableEvent(event_type_name, seq, str(error)) from error

@@ -1,0 +1,47 @@
+"""Identifier types and their validation (pure)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Final, NewType
+
+from wal_engine import limits
+from wal_engine.errors import InvalidTaskId
+
+TaskId = NewType("TaskId", str)
+WorkerId = NewType("WorkerId", str)
+IdempotencyKey = NewType("IdempotencyKey", str)
+
+_task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def validate_task_id(task_id: object) -> TaskId:
+    """Return ``task_id`` as a :data:`TaskId`, or raise :class:`InvalidTaskId`.
+
+    The allow-list keeps ids safe in logs, file names and shells; the same rule is a CHECK
+    constraint in ``schema.sql``.
+    """
+    if not isinstance(task_id, str):
+        raise InvalidTaskId(task_id, f"must be a str, not {type(task_id).__name__}")
+    if not task_id:
+        raise InvalidTaskId(task_id, "must not be empty")
+    if len(task_id) > limits.task_id_length_max:
+        raise InvalidTaskId(task_id, f"longer than {limits.task_id_length_max} characters")
+    if _task_id_pattern.fullmatch(task_id) is None:
+        raise InvalidTaskId(task_id, "only letters, digits and _ . : - are allowed")
+    return TaskId(task_id)
+
+
+def new_task_id() -> TaskId:
+    """Mint a fresh random task id."""
+    return TaskId(f"t-{uuid.uuid4().hex}")
+
+
+def idempotency_key(task_id: str, seq: int) -> IdempotencyKey:
+    """The key of the side effect announced by the intent at ``seq`` of ``task_id``.
+
+    It depends only on the position of the intent in the history, so a retry, a replay and
+    a new owner of the task all hand the callee the same key (RELIABILITY.md R2).
+    """
+    return IdempotencyKey(f"idem:{task_id}:{seq}")

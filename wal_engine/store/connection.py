@@ -1,0 +1,208 @@
+"""Connections: DSN resolution, the pool, error translation, and the schema."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+import structlog
+
+from wal_engine import limits
+from wal_engine.errors import ConfigurationError, DatabaseUnavailable, SchemaMismatch
+from wal_engine.store import queries, sqlstate
+
+log = structlog.get_logger(__name__)
+
+SCHEMA_VERSION: Final = 1
+"""The schema version this code reads and writes (``wal_schema_version``)."""
+
+DSN_ENV: Final = "WAL_ENGINE_DSN"
+EMBEDDED_DATABASE: Final = "wal_engine"
+
+CONNECTION_ERRORS: Final = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.InterfaceError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+"""Errors after which the outcome of a statement in flight is unknown."""
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password, safe to print."""
+    try:
+        parts = urllib.parse.urlsplit(dsn)
+    except ValueError:
+        return "<unparseable dsn>"
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+async def resolve_dsn(dsn: str | None = None) -> str:
+    """The DSN argument, else ``WAL_ENGINE_DSN``, else an embedded server started on demand."""
+    if dsn:
+        return dsn
+    from_env = os.environ.get(DSN_ENV)
+    if from_env:
+        return from_env
+    from wal_engine.embedded import ensure_embedded
+
+    server_dsn = await ensure_embedded()
+    await ensure_database(server_dsn, EMBEDDED_DATABASE)
+    return with_database(server_dsn, EMBEDDED_DATABASE)
+
+
+def with_database(dsn: str, database: str) -> str:
+    """The same server DSN pointing at another database."""
+    parts = urllib.parse.urlsplit(dsn)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+
+
+async def ensure_database(server_dsn: str, database: str) -> None:
+    """Create ``database`` on the server if it does not exist (embedded default only)."""
+    connection = await _connect_once(server_dsn)
+    try:
+        exists = await connection.fetchval(
+            "SELECT 1 FROM pg_database WHERE datname = $1", database
+        )
+        if not exists:
+            try:
+                # Identifiers cannot be parameters; the name is a constant of this module.
+                await connection.execute(f'CREATE DATABASE "{database}"')
+            except asyncpg.exceptions.DuplicateDatabaseError:
+                pass  # Another process created it between the check and the create.
+    finally:
+        await connection.close()
+
+
+async def _connect_once(dsn: str) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+    except (*CONNECTION_ERRORS, asyncpg.exceptions.InvalidCatalogNameError) as error:
+        raise DatabaseUnavailable(redact_dsn(dsn), str(error) or type(error).__name__) from error
+    except asyncpg.exceptions.InvalidAuthorizationSpecificationError as error:
+        raise DatabaseUnavailable(redact_dsn(dsn), str(error)) from error
+
+
+def schema_sql() -> str:
+    """The text of ``schema.sql`` (packaged in the wheel, or at the repository root)."""
+    packaged = resources.files("wal_engine").joinpath("schema.sql")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    source_tree = Path(__file__).resolve().parents[2] / "schema.sql"
+    return source_tree.read_text(encoding="utf-8")
+
+
+async def apply_schema(connection: asyncpg.Connection) -> None:
+    """Apply ``schema.sql`` in one transaction, serialised by an advisory lock (idempotent)."""
+    async with connection.transaction():
+        await connection.execute(queries.SCHEMA_LOCK)
+        await connection.execute(schema_sql())
+
+
+async def read_schema_version(connection: asyncpg.Connection) -> int | None:
+    """The newest applied schema version, or None when the schema is missing."""
+    if not await connection.fetchval(queries.SCHEMA_PRESENT):
+        return None
+    version = await connection.fetchval(queries.SCHEMA_VERSION)
+    return None if version is None else int(version)
+
+
+class Database:
+    """A pool plus the error translation every statement goes through."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.dsn_redacted = redact_dsn(dsn)
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str | None = None,
+        *,
+        min_size: int = limits.pool_size_min,
+        max_size: int = limits.pool_size_max,
+        migrate: bool = True,
+        application_name: str = "wal-engine:pool",
+        require_synchronous_commit: bool = True,
+    ) -> Database:
+        """Resolve the DSN, open a pool, apply or check the schema, check durability."""
+        resolved = await resolve_dsn(dsn)
+        first = await _connect_once(resolved)
+        try:
+            await _prepare_database(first, migrate, require_synchronous_commit)
+        finally:
+            await first.close()
+        try:
+            pool = await asyncpg.create_pool(
+                resolved,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=limits.connect_timeout_s,
+                command_timeout=limits.command_timeout_s,
+                server_settings={"application_name": application_name},
+            )
+        except CONNECTION_ERRORS as error:
+            raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
+        assert pool is not None
+        return cls(pool, resolved)
+
+    async def close(self) -> None:
+        """Close the pool (waits for connections in use to be released)."""
+        await self.pool.close()
+
+    async def fetch(self, query: str, *args: Any, task_id: str | None = None,
+                    fresh: bool = False) -> list[Any]:
+        """Run ``query`` on a pooled connection; engine errors come back typed.
+
+        ``fresh`` uses a new connection outside the pool (used to resolve an ambiguous
+        commit after the pooled connection broke).
+        """
+        try:
+            if fresh:
+                connection = await _connect_once(self.dsn)
+                try:
+                    return list(await connection.fetch(query, *args))
+                finally:
+                    await connection.close()
+            async with self.pool.acquire() as connection:
+                return list(await connection.fetch(query, *args))
+        except asyncpg.PostgresError as error:
+            translated = sqlstate.translate(error, task_id)
+            if translated is None:
+                raise
+            raise translated from error
+
+    async def fetchrow(self, query: str, *args: Any, task_id: str | None = None) -> Any:
+        """Like :meth:`fetch` for at most one row."""
+        rows = await self.fetch(query, *args, task_id=task_id)
+        return rows[0] if rows else None
+
+
+async def _prepare_database(
+    connection: asyncpg.Connection, migrate: bool, require_synchronous_commit: bool
+) -> None:
+    if migrate:
+        await apply_schema(connection)
+    found = await read_schema_version(connection)
+    if found != SCHEMA_VERSION:
+        raise SchemaMismatch(found, SCHEMA_VERSION)
+    if require_synchronous_commit:
+        setting = await connection.fetchval(queries.SYNCHRONOUS_COMMIT)
+        if setting == "off":
+            raise ConfigurationError(
+                "synchronous_commit is off: acknowledged appends could be lost in a crash "
+                "(RELIABILITY.md P15); turn it on or pass require_synchronous_commit=False"
+            )

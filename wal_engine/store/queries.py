@@ -1,0 +1,125 @@
+"""Every SQL statement the store runs, as named constants (``$n`` parameters only).
+
+Each hot statement touches one task (or, for group commit, a bounded set of tasks) and
+is one round trip. Multi-row reads carry a LIMIT.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+SCHEMA_VERSION: Final = "SELECT max(version) FROM wal_schema_version"
+
+SCHEMA_PRESENT: Final = "SELECT to_regclass('wal_schema_version') IS NOT NULL"
+
+SCHEMA_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('wal_engine.schema'))"
+
+SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
+
+# Submission: the task row and its first event (seq 1) in one statement. An existing task
+# id yields no row; the caller then reads seq 1 back to decide between "same submission"
+# (idempotent) and "different task under the same id".
+CREATE_TASK: Final = """
+WITH task AS (
+    INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, budget,
+                           parent_task_id, parent_seq)
+    VALUES ($1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9)
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id
+), event AS (
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
+    SELECT task.task_id, 1, $3, $4, 0, $5, $10, $6 FROM task
+    RETURNING seq
+), wake AS (
+    SELECT pg_notify('wal_engine_wake', task_id) FROM task
+)
+SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS notified
+"""
+
+# One fenced append of a batch of one task's events: one statement, one commit. The head
+# moves only if the caller's epoch, expected head seq and head hash all still hold; the
+# events are inserted only if the head moved. Zero rows back means fenced or conflicting.
+APPEND_EVENTS: Final = """
+WITH head AS (
+    UPDATE wal_tasks
+       SET head_seq = $3 + cardinality($8::text[]), head_hash = $5,
+           status = coalesce($6, status), status_path = $7::text[], updated_at = now()
+     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
+ RETURNING task_id
+)
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT head.task_id, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
+       e.prev_hash, e.hash
+  FROM head,
+       unnest($8::text[], $9::int2[], $10::bytea[], $11::text[], $12::bytea[], $13::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+RETURNING seq
+"""
+
+# Group commit: the pending appends of many tasks in one statement and one commit, each
+# task fenced on its own. $1..$7 are per task (index i), $8..$14 per event (task index).
+# Returns the ids of the tasks whose append was accepted.
+APPEND_MANY: Final = """
+WITH heads AS (
+    UPDATE wal_tasks AS t
+       SET head_seq = b.expected_seq + b.n, head_hash = b.new_hash,
+           status = coalesce(b.new_status, t.status),
+           status_path = CASE WHEN b.status_path IS NULL THEN NULL
+                              ELSE string_to_array(b.status_path, ',') END,
+           updated_at = now()
+      FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[], $6::text[],
+                  $7::text[], $15::int4[])
+               WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
+                                    new_status, status_path, n, i)
+     WHERE t.task_id = b.task_id AND t.lease_epoch = b.epoch
+       AND t.head_seq = b.expected_seq AND t.head_hash = b.prev_hash
+ RETURNING b.i, t.task_id, b.epoch, b.expected_seq
+), inserted AS (
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                            prev_hash, hash)
+    SELECT heads.task_id, heads.expected_seq + e.offset_in_task, e.type, e.version,
+           heads.epoch, e.payload, e.idempotency_key, e.prev_hash, e.hash
+      FROM unnest($8::int8[], $9::int4[], $10::text[], $11::int2[], $12::bytea[],
+                  $13::text[], $14::bytea[], $16::bytea[])
+               AS e(task_index, offset_in_task, type, version, payload, idempotency_key,
+                    prev_hash, hash)
+      JOIN heads ON heads.i = e.task_index
+    RETURNING 1
+)
+SELECT heads.task_id, (SELECT count(*) FROM inserted) AS events FROM heads
+"""
+
+READ_HEAD: Final = """
+SELECT task_id, agent, status, head_seq, head_hash, lease_owner, lease_epoch,
+       lease_expires_at, wake_at, waiting_signal, budget::text AS budget, parent_task_id,
+       parent_seq, attempts, created_at, started_at, updated_at
+  FROM wal_tasks WHERE task_id = $1
+"""
+
+READ_EVENTS: Final = """
+SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
+       recorded_at
+  FROM wal_events
+ WHERE task_id = $1 AND seq >= $2 AND seq <= $3
+ ORDER BY seq
+ LIMIT $4
+"""
+
+READ_EVENT_HASHES: Final = """
+SELECT seq, hash FROM wal_events
+ WHERE task_id = $1 AND seq >= $2 AND seq <= $3
+ ORDER BY seq
+ LIMIT $4
+"""
+
+LIST_TASKS: Final = """
+SELECT task_id, agent, status, head_seq, head_hash, lease_owner, lease_epoch,
+       lease_expires_at, wake_at, waiting_signal, budget::text AS budget, parent_task_id,
+       parent_seq, attempts, created_at, started_at, updated_at
+  FROM wal_tasks
+ WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR agent = $2)
+   AND task_id > $3
+ ORDER BY task_id
+ LIMIT $4
+"""

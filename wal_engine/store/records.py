@@ -1,0 +1,73 @@
+"""What the store returns: event rows and task heads (plain data)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import msgspec
+
+from wal_engine import events as vocabulary
+from wal_engine.state_machine import Status
+
+
+class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored row of ``wal_events``, payload still encoded."""
+
+    task_id: str
+    seq: int
+    type: str
+    version: int
+    epoch: int
+    payload: bytes
+    idempotency_key: str | None
+    prev_hash: bytes
+    hash: bytes
+    recorded_at: dt.datetime | None = None
+
+    def decode(self) -> vocabulary.Event:
+        """Decode the payload into its event; fails closed on unknown type or version."""
+        return vocabulary.decode_event(self.type, self.version, self.payload, self.seq)
+
+
+class TaskHead(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``wal_tasks``: the head of a task's log and its lease."""
+
+    task_id: str
+    agent: str
+    status: Status
+    head_seq: int
+    head_hash: bytes
+    lease_owner: str | None
+    lease_epoch: int
+    lease_expires_at: dt.datetime | None
+    wake_at: dt.datetime | None
+    waiting_signal: str | None
+    budget: dict[str, Any]
+    parent_task_id: str | None
+    parent_seq: int | None
+    attempts: int
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    updated_at: dt.datetime
+
+
+class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The head after an accepted append."""
+
+    task_id: str
+    first_seq: int
+    head_seq: int
+    head_hash: bytes
+    status: Status | None
+    """The status after the append if it moved, else None."""
+
+
+class PendingAppend(msgspec.Struct, frozen=True, kw_only=True):
+    """One task's batch for a group commit (see ``Store.append_many``)."""
+
+    task_id: str
+    epoch: int
+    expected_seq: int
+    prev_hash: bytes
+    events: list[vocabulary.Event]

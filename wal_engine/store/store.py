@@ -1,0 +1,382 @@
+"""The PostgreSQL store: create tasks, fenced appends, group commit, reads, verification."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+import msgspec
+import orjson
+import structlog
+
+from wal_engine import events as vocabulary
+from wal_engine import limits
+from wal_engine.chain import GENESIS_HASH, ChainVerifier, VerifyReport, event_hash
+from wal_engine.errors import (
+    AmbiguousCommit,
+    ConcurrencyConflict,
+    DatabaseUnavailable,
+    InvalidInput,
+    LeaseLost,
+    TaskAlreadyExists,
+    UnknownTask,
+    WalError,
+)
+from wal_engine.ids import validate_task_id
+from wal_engine.state_machine import Status, check_path
+from wal_engine.store import queries, sqlstate
+from wal_engine.store.connection import CONNECTION_ERRORS, Database
+from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
+
+log = structlog.get_logger(__name__)
+
+ambiguous_resolve_s: Final = 30.0
+"""How long an append whose commit outcome is unknown may take to be resolved."""
+
+
+class _Batch:
+    """One task's events encoded and chained, ready to be bound to a statement."""
+
+    __slots__ = ("hashes", "idempotency_keys", "new_hash", "new_status", "path", "payloads",
+                 "prev_hashes", "types", "versions")
+
+    def __init__(self) -> None:
+        self.types: list[str] = []
+        self.versions: list[int] = []
+        self.payloads: list[bytes] = []
+        self.idempotency_keys: list[str | None] = []
+        self.prev_hashes: list[bytes] = []
+        self.hashes: list[bytes] = []
+        self.path: list[str] = []
+        self.new_hash = GENESIS_HASH
+        self.new_status: str | None = None
+
+
+def encode_batch(
+    task_id: str,
+    events: Sequence[vocabulary.Event],
+    *,
+    epoch: int,
+    expected_seq: int,
+    prev_hash: bytes,
+    payload_bytes_max: int,
+) -> _Batch:
+    """Encode, validate and chain one task's events (pure; raises InvalidInput)."""
+    if not events:
+        raise InvalidInput("an append needs at least one event")
+    if len(events) > limits.batch_events_max:
+        raise InvalidInput(f"more than {limits.batch_events_max} events in one append")
+    batch = _Batch()
+    previous = prev_hash
+    for offset, event in enumerate(events, start=1):
+        kind, version, payload = vocabulary.encode_event(event, payload_bytes_max=payload_bytes_max)
+        digest = event_hash(previous, task_id, expected_seq + offset, kind, version, epoch, payload)
+        batch.types.append(kind)
+        batch.versions.append(version)
+        batch.payloads.append(payload)
+        batch.idempotency_keys.append(getattr(event, "idempotency_key", None))
+        batch.prev_hashes.append(previous)
+        batch.hashes.append(digest)
+        target = type(event).TARGET_STATUS
+        if target is not None:
+            batch.path.append(target.value)
+        previous = digest
+    batch.new_hash = previous
+    batch.new_status = batch.path[-1] if batch.path else None
+    return batch
+
+
+class Store:
+    """Reads and writes the log. Every method is one round trip unless it says otherwise."""
+
+    def __init__(self, database: Database, *, payload_bytes_max: int = limits.payload_bytes_max):
+        self.database = database
+        self.payload_bytes_max = payload_bytes_max
+
+    # ------------------------------------------------------------------ tasks
+
+    async def create_task(
+        self,
+        task_id: str,
+        agent: str,
+        *,
+        input: Any = None,
+        budget: vocabulary.Budget | None = None,
+        parent_task_id: str | None = None,
+        parent_seq: int | None = None,
+    ) -> tuple[TaskHead, bool]:
+        """Create a QUEUED task with its ``task_submitted`` event at seq 1.
+
+        Idempotent on ``task_id``: submitting the same agent and input again returns the
+        existing task and ``False``; a different submission under the same id raises
+        :class:`TaskAlreadyExists`. Bad input raises before anything is written.
+        """
+        task_id = validate_task_id(task_id)
+        if not agent or len(agent) > limits.name_length_max:
+            raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+        submitted = vocabulary.TaskSubmitted(
+            agent=agent,
+            input=input,
+            budget=budget or vocabulary.Budget(),
+            parent_task_id=parent_task_id,
+            parent_seq=parent_seq,
+        )
+        kind, version, payload = vocabulary.encode_event(
+            submitted, payload_bytes_max=self.payload_bytes_max
+        )
+        digest = event_hash(GENESIS_HASH, task_id, 1, kind, version, 0, payload)
+        budget_json = orjson.dumps(
+            msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
+        ).decode()
+        row = await self.database.fetchrow(
+            queries.CREATE_TASK,
+            task_id, agent, kind, version, payload, digest, budget_json,
+            parent_task_id, parent_seq, GENESIS_HASH,
+            task_id=task_id,
+        )
+        assert row is not None
+        if row["created"]:
+            return await self.read_head(task_id), True
+        first = await self.read_events(task_id, from_seq=1, to_seq=1)
+        if not first or first[0].payload != payload:
+            raise TaskAlreadyExists(task_id)
+        return await self.read_head(task_id), False
+
+    async def read_head(self, task_id: str) -> TaskHead:
+        """The task's head row; raises :class:`UnknownTask`."""
+        row = await self.database.fetchrow(queries.READ_HEAD, task_id, task_id=task_id)
+        if row is None:
+            raise UnknownTask(task_id)
+        return head_from_row(row)
+
+    async def list_tasks(
+        self,
+        *,
+        status: Status | str | None = None,
+        agent: str | None = None,
+        after_task_id: str = "",
+        limit: int = 100,
+    ) -> list[TaskHead]:
+        """Heads ordered by task id, filtered; page with ``after_task_id``."""
+        limit = max(1, min(limit, 10_000))
+        rows = await self.database.fetch(
+            queries.LIST_TASKS, None if status is None else str(status), agent,
+            after_task_id, limit,
+        )
+        return [head_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ appends
+
+    async def append_events(
+        self,
+        task_id: str,
+        events: Sequence[vocabulary.Event],
+        *,
+        epoch: int,
+        expected_seq: int,
+        prev_hash: bytes,
+        status: Status | None = None,
+    ) -> AppendResult:
+        """Append a batch of one task's events in one statement and one commit.
+
+        Fenced: accepted only if the task's lease epoch is ``epoch`` and its head is still
+        ``expected_seq`` / ``prev_hash``. Otherwise raises :class:`LeaseLost`,
+        :class:`ConcurrencyConflict`, :class:`UnknownTask` or :class:`IllegalTransition`,
+        and nothing is written. When ``status`` (the caller's view of the current status) is
+        given, status moves are checked before anything is sent.
+        """
+        batch = encode_batch(
+            task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
+            payload_bytes_max=self.payload_bytes_max,
+        )
+        if status is not None and batch.path:
+            check_path(status, (Status(name) for name in batch.path), task_id)
+        args = (
+            task_id, epoch, expected_seq, prev_hash, batch.new_hash, batch.new_status,
+            batch.path or None, batch.types, batch.versions, batch.payloads,
+            batch.idempotency_keys, batch.prev_hashes, batch.hashes,
+        )
+        try:
+            rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id)
+        except CONNECTION_ERRORS as error:
+            rows = await self._resolve_ambiguous(task_id, expected_seq, batch, error)
+        if len(rows) != len(events):
+            raise await self._rejection(task_id, epoch, expected_seq)
+        new_status = None if batch.new_status is None else Status(batch.new_status)
+        return AppendResult(
+            task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + len(events),
+            head_hash=batch.new_hash, status=new_status,
+        )
+
+    async def append_many(self, appends: Sequence[PendingAppend]) -> dict[str, AppendResult | WalError]:
+        """Group commit: many tasks' batches in one statement and one commit.
+
+        Each task is fenced on its own; the result maps each task id to its new head or to
+        the error that rejected it (the others are unaffected).
+        """
+        if not appends:
+            return {}
+        if len({append.task_id for append in appends}) != len(appends):
+            raise InvalidInput("group commit takes at most one batch per task")
+        batches = [
+            encode_batch(
+                a.task_id, a.events, epoch=a.epoch, expected_seq=a.expected_seq,
+                prev_hash=a.prev_hash, payload_bytes_max=self.payload_bytes_max,
+            )
+            for a in appends
+        ]
+        rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches))
+        accepted = {row["task_id"] for row in rows}
+        results: dict[str, AppendResult | WalError] = {}
+        for append, batch in zip(appends, batches, strict=True):
+            if append.task_id in accepted:
+                results[append.task_id] = AppendResult(
+                    task_id=append.task_id, first_seq=append.expected_seq + 1,
+                    head_seq=append.expected_seq + len(append.events), head_hash=batch.new_hash,
+                    status=None if batch.new_status is None else Status(batch.new_status),
+                )
+            else:
+                results[append.task_id] = await self._rejection(
+                    append.task_id, append.epoch, append.expected_seq
+                )
+        return results
+
+    async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
+        """Classify an append that matched no head (second round trip, failure path only)."""
+        try:
+            head = await self.read_head(task_id)
+        except UnknownTask as error:
+            return error
+        if head.lease_epoch != epoch:
+            return LeaseLost(task_id, epoch, head.lease_epoch)
+        return ConcurrencyConflict(task_id, expected_seq, head.head_seq)
+
+    async def _resolve_ambiguous(
+        self, task_id: str, expected_seq: int, batch: _Batch, error: BaseException
+    ) -> list[Any]:
+        """Decide whether an append whose connection failed was committed.
+
+        Resolution reads the events back by their (task_id, seq) keys and compares hashes
+        (RELIABILITY.md R4); it never relies on ``pg_xact_status``. Returns the rows as if
+        the append had answered (empty when it was not applied).
+        """
+        log.warning("append_outcome_unknown", task_id=task_id, seq=expected_seq + 1,
+                    error=type(error).__name__)
+        last_seq = expected_seq + len(batch.hashes)
+        deadline = asyncio.get_running_loop().time() + ambiguous_resolve_s
+        delay_s = 0.05
+        while True:
+            try:
+                rows = await self.database.fetch(
+                    queries.READ_EVENT_HASHES, task_id, expected_seq + 1, last_seq,
+                    len(batch.hashes), task_id=task_id, fresh=True,
+                )
+                break
+            except (*CONNECTION_ERRORS, DatabaseUnavailable):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise AmbiguousCommit(task_id, expected_seq + 1) from error
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
+        stored = {row["seq"]: row["hash"] for row in rows}
+        if all(stored.get(expected_seq + i + 1) == h for i, h in enumerate(batch.hashes)):
+            log.info("append_outcome_resolved", task_id=task_id, committed=True)
+            return list(rows)
+        log.info("append_outcome_resolved", task_id=task_id, committed=False)
+        if not stored:
+            raise DatabaseUnavailable(self.database.dsn_redacted, f"append not applied: {error}")
+        return []
+
+    # ------------------------------------------------------------------ reads
+
+    async def read_events(
+        self,
+        task_id: str,
+        *,
+        from_seq: int = 1,
+        to_seq: int = 2**62,
+        limit: int = limits.read_page_events,
+    ) -> list[EventRecord]:
+        """Up to ``limit`` events with ``from_seq <= seq <= to_seq``, in seq order."""
+        rows = await self.database.fetch(
+            queries.READ_EVENTS, task_id, max(1, from_seq), to_seq, limit, task_id=task_id
+        )
+        return [record_from_row(row) for row in rows]
+
+    async def stream_events(
+        self,
+        task_id: str,
+        *,
+        from_seq: int = 1,
+        to_seq: int = 2**62,
+        page_events: int = limits.read_page_events,
+    ) -> AsyncIterator[EventRecord]:
+        """Yield a task's events in seq order, one bounded page per round trip."""
+        next_seq = max(1, from_seq)
+        while next_seq <= to_seq:
+            page = await self.read_events(
+                task_id, from_seq=next_seq, to_seq=to_seq, limit=page_events
+            )
+            for record in page:
+                yield record
+            if len(page) < page_events:
+                return
+            next_seq = page[-1].seq + 1
+
+    async def history(self, task_id: str) -> list[EventRecord]:
+        """The whole history of a task (paged underneath); raises UnknownTask."""
+        records = [record async for record in self.stream_events(task_id)]
+        if not records:
+            await self.read_head(task_id)
+        return records
+
+    async def verify_task(self, task_id: str) -> VerifyReport:
+        """Recompute the task's chain from the stored rows and compare with its head."""
+        head = await self.read_head(task_id)
+        verifier = ChainVerifier(task_id)
+        async for record in self.stream_events(task_id):
+            if not verifier.feed(record):
+                break
+        return verifier.report(head.head_seq, head.head_hash)
+
+
+def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> tuple[Any, ...]:
+    task_index: list[int] = []
+    offsets: list[int] = []
+    types: list[str] = []
+    versions: list[int] = []
+    payload_list: list[bytes] = []
+    keys: list[str | None] = []
+    prev_hashes: list[bytes] = []
+    hashes: list[bytes] = []
+    for index, batch in enumerate(batches, start=1):
+        for offset in range(len(batch.types)):
+            task_index.append(index)
+            offsets.append(offset + 1)
+        types += batch.types
+        versions += batch.versions
+        payload_list += batch.payloads
+        keys += batch.idempotency_keys
+        prev_hashes += batch.prev_hashes
+        hashes += batch.hashes
+    return (
+        [a.task_id for a in appends], [a.epoch for a in appends],
+        [a.expected_seq for a in appends], [a.prev_hash for a in appends],
+        [b.new_hash for b in batches], [b.new_status for b in batches],
+        [",".join(b.path) if b.path else None for b in batches],
+        task_index, offsets, types, versions, payload_list, keys, prev_hashes,
+        [len(b.types) for b in batches], hashes,
+    )
+
+
+def head_from_row(row: Any) -> TaskHead:
+    """Build a :class:`TaskHead` from a ``wal_tasks`` row."""
+    values = dict(row)
+    values["status"] = Status(values["status"])
+    values["budget"] = orjson.loads(values["budget"])
+    return TaskHead(**values)
+
+
+def record_from_row(row: Any) -> EventRecord:
+    """Build an :class:`EventRecord` from a ``wal_events`` row."""
+    return EventRecord(**dict(row))
