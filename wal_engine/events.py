@@ -107,11 +107,11 @@ class TimerStarted(Event, tag="timer_started", kw_only=True):
 
 
 class SignalAwaited(Event, tag="signal_awaited", kw_only=True):
-    """The task waits for a named signal, optionally until ``timeout_at_ms``."""
+    """The task waits for a named signal, at most ``timeout_ms`` (database clock) if given."""
 
     TARGET_STATUS = Status.WAITING
     name: str
-    timeout_at_ms: int | None = None
+    timeout_ms: int | None = None
 
 
 class TaskWoken(Event, tag="task_woken", kw_only=True):
@@ -373,13 +373,26 @@ def target_status(event_type_name: str) -> Status | None:
 
 def encode_event(event: Event, *, payload_bytes_max: int | None = None) -> tuple[str, int, bytes]:
     """Return ``(type, version, payload bytes)`` for storage; raises InvalidPayload."""
-    fields = msgspec.to_builtins(event)
-    del fields["type"]
+    fields = {name: _plain(getattr(event, name)) for name in event.__struct_fields__}
     if payload_bytes_max is None:
         encoded = payloads.encode_payload(fields)
     else:
         encoded = payloads.encode_payload(fields, payload_bytes_max=payload_bytes_max)
     return event_type(event), type(event).VERSION, encoded
+
+
+def _plain(value: Any) -> Any:
+    """Turn the vocabulary's own structs into dicts; leave user values as given.
+
+    User values are not passed through ``msgspec.to_builtins``, which would quietly turn a
+    set into a list or a datetime into a string: they must already be plain JSON, and
+    :func:`wal_engine.payloads.encode_payload` refuses them otherwise.
+    """
+    if isinstance(value, msgspec.Struct):
+        return msgspec.to_builtins(value)
+    if type(value) is list and value and isinstance(value[0], msgspec.Struct):
+        return msgspec.to_builtins(value)
+    return value
 
 
 def decode_event(

@@ -39,11 +39,20 @@ SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS n
 # One fenced append of a batch of one task's events: one statement, one commit. The head
 # moves only if the caller's epoch, expected head seq and head hash all still hold; the
 # events are inserted only if the head moved. Zero rows back means fenced or conflicting.
+# A batch that ends WAITING sets the wake time ($14 ms from now, database clock; NULL waits
+# for the signal $15 forever); a batch that leaves the leased statuses drops the lease.
 APPEND_EVENTS: Final = """
 WITH head AS (
     UPDATE wal_tasks
        SET head_seq = $3 + cardinality($8::text[]), head_hash = $5,
-           status = coalesce($6, status), status_path = $7::text[], updated_at = now()
+           status = coalesce($6, status), status_path = $7::text[], updated_at = now(),
+           wake_at = CASE WHEN $6 = 'WAITING' THEN now() + $14 * interval '1 millisecond'
+                          ELSE wake_at END,
+           waiting_signal = CASE WHEN $6 = 'WAITING' THEN $15 ELSE waiting_signal END,
+           lease_owner = CASE WHEN $6 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+                              THEN NULL ELSE lease_owner END,
+           lease_expires_at = CASE WHEN $6 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+                                   THEN NULL ELSE lease_expires_at END
      WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
  RETURNING task_id
 )
@@ -67,11 +76,21 @@ WITH heads AS (
            status = coalesce(b.new_status, t.status),
            status_path = CASE WHEN b.status_path IS NULL THEN NULL
                               ELSE string_to_array(b.status_path, ',') END,
-           updated_at = now()
+           updated_at = now(),
+           wake_at = CASE WHEN b.new_status = 'WAITING'
+                          THEN now() + b.wake_after_ms * interval '1 millisecond'
+                          ELSE t.wake_at END,
+           waiting_signal = CASE WHEN b.new_status = 'WAITING' THEN b.waiting_signal
+                                 ELSE t.waiting_signal END,
+           lease_owner = CASE WHEN b.new_status IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+                              THEN NULL ELSE t.lease_owner END,
+           lease_expires_at = CASE WHEN b.new_status IN ('WAITING', 'RESUMING', 'COMPLETED',
+                                                         'FAILED')
+                                   THEN NULL ELSE t.lease_expires_at END
       FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[], $6::text[],
-                  $7::text[], $15::int4[])
+                  $7::text[], $15::int4[], $17::int8[], $18::text[])
                WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
-                                    new_status, status_path, n, i)
+                                    new_status, status_path, n, wake_after_ms, waiting_signal, i)
      WHERE t.task_id = b.task_id AND t.lease_epoch = b.epoch
        AND t.head_seq = b.expected_seq AND t.head_hash = b.prev_hash
  RETURNING b.i, t.task_id, b.epoch, b.expected_seq

@@ -39,7 +39,7 @@ class _Batch:
     """One task's events encoded and chained, ready to be bound to a statement."""
 
     __slots__ = ("hashes", "idempotency_keys", "new_hash", "new_status", "path", "payloads",
-                 "prev_hashes", "types", "versions")
+                 "prev_hashes", "types", "versions", "waiting_signal", "wake_after_ms")
 
     def __init__(self) -> None:
         self.types: list[str] = []
@@ -51,6 +51,8 @@ class _Batch:
         self.path: list[str] = []
         self.new_hash = GENESIS_HASH
         self.new_status: str | None = None
+        self.wake_after_ms: int | None = None
+        self.waiting_signal: str | None = None
 
 
 def encode_batch(
@@ -81,6 +83,10 @@ def encode_batch(
         target = type(event).TARGET_STATUS
         if target is not None:
             batch.path.append(target.value)
+        if isinstance(event, vocabulary.TimerStarted):
+            batch.wake_after_ms, batch.waiting_signal = event.duration_ms, None
+        elif isinstance(event, vocabulary.SignalAwaited):
+            batch.wake_after_ms, batch.waiting_signal = event.timeout_ms, event.name
         previous = digest
     batch.new_hash = previous
     batch.new_status = batch.path[-1] if batch.path else None
@@ -196,6 +202,7 @@ class Store:
             task_id, epoch, expected_seq, prev_hash, batch.new_hash, batch.new_status,
             batch.path or None, batch.types, batch.versions, batch.payloads,
             batch.idempotency_keys, batch.prev_hashes, batch.hashes,
+            batch.wake_after_ms, batch.waiting_signal,
         )
         try:
             rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id)
@@ -366,6 +373,7 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
         [",".join(b.path) if b.path else None for b in batches],
         task_index, offsets, types, versions, payload_list, keys, prev_hashes,
         [len(b.types) for b in batches], hashes,
+        [b.wake_after_ms for b in batches], [b.waiting_signal for b in batches],
     )
 
 

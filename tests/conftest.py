@@ -1,0 +1,75 @@
+"""Fixtures shared by every test: a real PostgreSQL and a fresh database per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from hypothesis import HealthCheck, settings
+
+from wal_engine.store import Database, Store
+from wal_engine.testing.postgres import DatabaseFactory, TestServer, start_test_server
+
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    print_blob=True,
+)
+settings.register_profile(
+    "dev",
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "deep",
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[TestServer]:
+    """The session's PostgreSQL: WAL_ENGINE_TEST_DSN, else an embedded server we own."""
+    server = start_test_server()
+    yield server
+    server.close()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def database_factory(pg_server: TestServer) -> AsyncIterator[DatabaseFactory]:
+    """Makes fresh databases from a template holding the schema."""
+    factory = DatabaseFactory(pg_server)
+    await factory.prepare()
+    yield factory
+    await factory.drop_all()
+
+
+@pytest_asyncio.fixture
+async def database_dsn(database_factory: DatabaseFactory) -> AsyncIterator[str]:
+    """DSN of a fresh database with the schema applied, dropped after the test."""
+    dsn = await database_factory.create()
+    yield dsn
+    await database_factory.drop(dsn)
+
+
+@pytest_asyncio.fixture
+async def database(database_dsn: str) -> AsyncIterator[Database]:
+    """An open connection pool on the test's fresh database."""
+    db = await Database.open(database_dsn, migrate=False, max_size=10)
+    yield db
+    await db.close()
+
+
+@pytest_asyncio.fixture
+async def store(database: Database) -> Store:
+    """A store on the test's fresh database."""
+    return Store(database)

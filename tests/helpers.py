@@ -1,0 +1,37 @@
+"""Small helpers shared by the tests (not fixtures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wal_engine.store import Database, Store, TaskHead
+from wal_engine.store.records import AppendResult
+
+
+async def log_snapshot(database: Database) -> tuple[list[Any], list[Any]]:
+    """Every row of the log and the task heads, to assert that nothing changed."""
+    events = await database.fetch(
+        "SELECT task_id, seq, type, version, epoch, payload, hash FROM wal_events"
+        " ORDER BY task_id, seq"
+    )
+    tasks = await database.fetch(
+        "SELECT task_id, status, head_seq, head_hash, lease_epoch FROM wal_tasks ORDER BY task_id"
+    )
+    return [tuple(row) for row in events], [tuple(row) for row in tasks]
+
+
+async def claim(database: Database, worker: str = "w1", ttl_ms: int = 30_000) -> list[Any]:
+    """Claim every due task for ``worker`` (one statement)."""
+    return await database.fetch("SELECT * FROM wal_claim_tasks($1, 100, $2)", worker, ttl_ms)
+
+
+async def claimed_task(store: Store, task_id: str = "task-1") -> TaskHead:
+    """Create a task and claim it; return its head (RUNNING, epoch 1)."""
+    await store.create_task(task_id, "agent")
+    await claim(store.database)
+    return await store.read_head(task_id)
+
+
+def head_args(head: TaskHead | AppendResult, epoch: int) -> dict[str, Any]:
+    """Keyword arguments that fence an append on ``head``."""
+    return {"epoch": epoch, "expected_seq": head.head_seq, "prev_hash": head.head_hash}

@@ -1,0 +1,109 @@
+"""A PostgreSQL server for tests and a fast factory of fresh databases.
+
+The server is the one named by ``WAL_ENGINE_TEST_DSN`` when set, else an embedded server
+started in a temporary directory with ``fsync=off`` (RELIABILITY.md finding 5: process
+crashes lose nothing with ``fsync=off`` as long as ``synchronous_commit`` stays on). Only an
+embedded server may be stopped or crashed by a test: the ``embedded`` attribute is None for
+a borrowed server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+
+from wal_engine.embedded import EmbeddedPostgres
+from wal_engine.store.connection import apply_schema, with_database
+
+TEST_DSN_ENV: Final = "WAL_ENGINE_TEST_DSN"
+
+
+class TestServer:
+    """A server the tests may create databases on."""
+
+    __test__ = False  # Not a pytest test class despite the name.
+
+    def __init__(self, admin_dsn: str, embedded: EmbeddedPostgres | None,
+                 data_dir: Path | None) -> None:
+        self.admin_dsn = admin_dsn
+        self.embedded = embedded
+        self.data_dir = data_dir
+
+    def dsn(self, database: str) -> str:
+        """DSN of ``database`` on this server."""
+        return with_database(self.admin_dsn, database)
+
+    def close(self) -> None:
+        """Stop and remove an embedded server; leave a borrowed one alone."""
+        if self.embedded is not None:
+            self.embedded.stop("immediate")
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+
+
+def start_test_server() -> TestServer:
+    """Borrow ``WAL_ENGINE_TEST_DSN`` or start an embedded server in a temporary directory."""
+    borrowed = os.environ.get(TEST_DSN_ENV)
+    if borrowed:
+        return TestServer(borrowed, None, None)
+    root = Path(tempfile.mkdtemp(prefix="wal-engine-test-"))
+    data_dir = root / "pgdata"
+    server = EmbeddedPostgres(data_dir, fsync=False)
+    return TestServer(server.ensure_running(), server, data_dir)
+
+
+class DatabaseFactory:
+    """Creates fresh databases from a template that already holds the schema."""
+
+    def __init__(self, server: TestServer) -> None:
+        self.server = server
+        self.prefix = f"walt_{os.getpid()}"
+        self.template = f"{self.prefix}_template"
+        self._counter = itertools.count(1)
+        self._created: list[str] = []
+
+    async def prepare(self) -> None:
+        """Create the template database and apply the schema to it."""
+        admin = await asyncpg.connect(self.server.admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{self.template}"')
+            await admin.execute(f'CREATE DATABASE "{self.template}"')
+        finally:
+            await admin.close()
+        connection = await asyncpg.connect(self.server.dsn(self.template))
+        try:
+            await apply_schema(connection)
+        finally:
+            await connection.close()
+
+    async def create(self) -> str:
+        """A new database cloned from the template; returns its DSN."""
+        name = f"{self.prefix}_{next(self._counter)}"
+        admin = await asyncpg.connect(self.server.admin_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        finally:
+            await admin.close()
+        self._created.append(name)
+        return self.server.dsn(name)
+
+    async def drop(self, dsn: str) -> None:
+        """Drop a database made by :meth:`create` (its connections are closed first)."""
+        name = dsn.rsplit("/", 1)[-1].split("?", 1)[0]
+        admin = await asyncpg.connect(self.server.admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    async def drop_all(self) -> None:
+        """Drop every database this factory made, and the template."""
+        await asyncio.gather(*(self.drop(self.server.dsn(n)) for n in self._created))
+        await self.drop(self.server.dsn(self.template))
