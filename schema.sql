@@ -31,6 +31,7 @@
 -- wal_claim_tasks(...)       claim up to n due tasks in one statement (FOR UPDATE SKIP LOCKED).
 -- wal_break_leases(...)      orphan tasks whose lease expired (database clock), NOTIFY.
 -- wal_send_signal(...)       put a signal in the inbox; wake the task if it waits for it.
+-- wal_cancel_task(...)       cancel from outside: terminal event, epoch bumped (fences).
 --
 -- Engine errors raised in SQL use custom SQLSTATEs (class WE), mapped to Python exceptions in
 -- wal_engine/store/sqlstate.py:
@@ -278,9 +279,12 @@ $$;
 -- Claim up to p_limit due tasks for p_worker in one statement: QUEUED, RESUMING, and
 -- WAITING tasks whose wake time has come (database clock). Bumps each task's lease epoch
 -- (the fencing token) and records the claim in the log.
-CREATE OR REPLACE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint)
+-- (Dropped first: CREATE OR REPLACE cannot change a function's result columns.)
+DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint);
+CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint)
 RETURNS TABLE (task_id text, agent text, lease_epoch bigint, head_seq bigint,
-               head_hash bytea, attempts integer)
+               head_hash bytea, attempts integer, started_at timestamptz,
+               database_now timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     due record;
@@ -313,7 +317,8 @@ BEGIN
         PERFORM wal_emit(due.task_id, claim_type,
                          jsonb_build_object('worker_id', p_worker, 'attempt', due.attempts + 1),
                          new_epoch, 'RUNNING');
-        RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash, t.attempts
+        RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
+                            t.attempts, t.started_at, now()
                        FROM wal_tasks t WHERE t.task_id = due.task_id;
     END LOOP;
 END;
@@ -381,6 +386,35 @@ BEGIN
         PERFORM pg_notify('wal_engine_wake', p_task_id);
     END IF;
     RETURN new_id;
+END;
+$$;
+
+-- Cancel a task from outside: record task_cancelled (terminal, FAILED), bump the epoch so
+-- a worker still running it is fenced at its next append, and NOTIFY. Returns false when
+-- the task was already terminal (nothing written).
+CREATE OR REPLACE FUNCTION wal_cancel_task(p_task_id text, p_reason text, p_requested_by text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    task record;
+BEGIN
+    SELECT t.status, t.lease_epoch INTO task FROM wal_tasks t WHERE t.task_id = p_task_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
+    END IF;
+    IF task.status IN ('COMPLETED', 'FAILED') THEN
+        RETURN false;
+    END IF;
+    UPDATE wal_tasks t
+       SET lease_epoch = task.lease_epoch + 1, lease_owner = NULL, lease_expires_at = NULL,
+           wake_at = NULL, waiting_signal = NULL
+     WHERE t.task_id = p_task_id;
+    PERFORM wal_emit(p_task_id, 'task_cancelled',
+                     jsonb_build_object('reason', p_reason, 'requested_by', p_requested_by),
+                     task.lease_epoch + 1, 'FAILED');
+    PERFORM pg_notify('wal_engine_done', p_task_id);
+    RETURN true;
 END;
 $$;
 

@@ -164,21 +164,25 @@ class Database:
         await self.pool.close()
 
     async def fetch(self, query: str, *args: Any, task_id: str | None = None,
-                    fresh: bool = False) -> list[Any]:
+                    fresh: bool = False, connection: asyncpg.Connection | None = None
+                    ) -> list[Any]:
         """Run ``query`` on a pooled connection; engine errors come back typed.
 
         ``fresh`` uses a new connection outside the pool (used to resolve an ambiguous
-        commit after the pooled connection broke).
+        commit after the pooled connection broke); ``connection`` runs it on the caller's
+        connection, inside the caller's transaction.
         """
         try:
-            if fresh:
-                connection = await _connect_once(self.dsn)
-                try:
-                    return list(await connection.fetch(query, *args))
-                finally:
-                    await connection.close()
-            async with self.pool.acquire() as connection:
+            if connection is not None:
                 return list(await connection.fetch(query, *args))
+            if fresh:
+                own = await _connect_once(self.dsn)
+                try:
+                    return list(await own.fetch(query, *args))
+                finally:
+                    await own.close()
+            async with self.pool.acquire() as pooled:
+                return list(await pooled.fetch(query, *args))
         except asyncpg.PostgresError as error:
             translated = sqlstate.translate(error, task_id)
             if translated is None:

@@ -142,3 +142,35 @@ SELECT task_id, agent, status, head_seq, head_hash, lease_owner, lease_epoch,
  ORDER BY task_id
  LIMIT $4
 """
+
+# Heartbeat: one statement renews every lease a worker holds, each fenced by its epoch.
+# Returns the tasks still held; a task missing from the answer was lost.
+RENEW_LEASES: Final = """
+UPDATE wal_tasks AS t
+   SET lease_expires_at = now() + $3 * interval '1 millisecond'
+  FROM unnest($1::text[], $2::int8[]) AS h(task_id, epoch)
+ WHERE t.task_id = h.task_id AND t.lease_epoch = h.epoch
+   AND t.status IN ('RUNNING', 'CHECKPOINTED')
+RETURNING t.task_id
+"""
+
+CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3)"
+
+BREAK_LEASES: Final = "SELECT * FROM wal_break_leases($1)"
+
+SEND_SIGNAL: Final = "SELECT wal_send_signal($1, $2, $3, $4) AS signal_id"
+
+CANCEL_TASK: Final = "SELECT wal_cancel_task($1, $2, $3) AS cancelled"
+
+READ_SIGNALS: Final = """
+SELECT signal_id, name, payload, sent_at FROM wal_signals
+ WHERE task_id = $1 AND name = $2 AND signal_id <> ALL($3::int8[])
+ ORDER BY signal_id
+ LIMIT $4
+"""
+
+DATABASE_NOW: Final = "SELECT now() AS now"
+
+NEXT_WAKE: Final = """
+SELECT min(wake_at) AS wake_at FROM wal_tasks WHERE status = 'WAITING' AND wake_at IS NOT NULL
+"""

@@ -71,3 +71,5 @@ class PendingAppend(msgspec.Struct, frozen=True, kw_only=True):
     expected_seq: int
     prev_hash: bytes
     events: list[vocabulary.Event]
+    encoded: list[tuple[str, int, bytes]] | None = None
+    """The events already encoded (``events.encode_event``), when the caller validated them."""

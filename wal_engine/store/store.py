@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
+import asyncpg
 import msgspec
 import orjson
 import structlog
@@ -63,8 +64,12 @@ def encode_batch(
     expected_seq: int,
     prev_hash: bytes,
     payload_bytes_max: int,
+    encoded: Sequence[tuple[str, int, bytes]] | None = None,
 ) -> _Batch:
-    """Encode, validate and chain one task's events (pure; raises InvalidInput)."""
+    """Encode, validate and chain one task's events (pure; raises InvalidInput).
+
+    ``encoded`` carries the events' encodings when the caller already made them.
+    """
     if not events:
         raise InvalidInput("an append needs at least one event")
     if len(events) > limits.batch_events_max:
@@ -72,7 +77,12 @@ def encode_batch(
     batch = _Batch()
     previous = prev_hash
     for offset, event in enumerate(events, start=1):
-        kind, version, payload = vocabulary.encode_event(event, payload_bytes_max=payload_bytes_max)
+        if encoded is None:
+            kind, version, payload = vocabulary.encode_event(
+                event, payload_bytes_max=payload_bytes_max
+            )
+        else:
+            kind, version, payload = encoded[offset - 1]
         digest = event_hash(previous, task_id, expected_seq + offset, kind, version, epoch, payload)
         batch.types.append(kind)
         batch.versions.append(version)
@@ -183,6 +193,8 @@ class Store:
         expected_seq: int,
         prev_hash: bytes,
         status: Status | None = None,
+        connection: asyncpg.Connection | None = None,
+        encoded: Sequence[tuple[str, int, bytes]] | None = None,
     ) -> AppendResult:
         """Append a batch of one task's events in one statement and one commit.
 
@@ -190,11 +202,13 @@ class Store:
         ``expected_seq`` / ``prev_hash``. Otherwise raises :class:`LeaseLost`,
         :class:`ConcurrencyConflict`, :class:`UnknownTask` or :class:`IllegalTransition`,
         and nothing is written. When ``status`` (the caller's view of the current status) is
-        given, status moves are checked before anything is sent.
+        given, status moves are checked before anything is sent. With ``connection`` the
+        append joins the caller's transaction (exactly-once effects on this database); its
+        commit outcome is then the caller's to resolve.
         """
         batch = encode_batch(
             task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
-            payload_bytes_max=self.payload_bytes_max,
+            payload_bytes_max=self.payload_bytes_max, encoded=encoded,
         )
         if status is not None and batch.path:
             check_path(status, (Status(name) for name in batch.path), task_id)
@@ -204,17 +218,19 @@ class Store:
             batch.idempotency_keys, batch.prev_hashes, batch.hashes,
             batch.wake_after_ms, batch.waiting_signal,
         )
+        if connection is not None:
+            rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id,
+                                             connection=connection)
+            if len(rows) != len(events):
+                raise await self._rejection(task_id, epoch, expected_seq)
+            return _accepted(task_id, expected_seq, len(events), batch)
         try:
             rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id)
         except CONNECTION_ERRORS as error:
             rows = await self._resolve_ambiguous(task_id, expected_seq, batch, error)
         if len(rows) != len(events):
             raise await self._rejection(task_id, epoch, expected_seq)
-        new_status = None if batch.new_status is None else Status(batch.new_status)
-        return AppendResult(
-            task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + len(events),
-            head_hash=batch.new_hash, status=new_status,
-        )
+        return _accepted(task_id, expected_seq, len(events), batch)
 
     async def append_many(self, appends: Sequence[PendingAppend]) -> dict[str, AppendResult | WalError]:
         """Group commit: many tasks' batches in one statement and one commit.
@@ -230,6 +246,7 @@ class Store:
             encode_batch(
                 a.task_id, a.events, epoch=a.epoch, expected_seq=a.expected_seq,
                 prev_hash=a.prev_hash, payload_bytes_max=self.payload_bytes_max,
+                encoded=a.encoded,
             )
             for a in appends
         ]
@@ -238,10 +255,8 @@ class Store:
         results: dict[str, AppendResult | WalError] = {}
         for append, batch in zip(appends, batches, strict=True):
             if append.task_id in accepted:
-                results[append.task_id] = AppendResult(
-                    task_id=append.task_id, first_seq=append.expected_seq + 1,
-                    head_seq=append.expected_seq + len(append.events), head_hash=batch.new_hash,
-                    status=None if batch.new_status is None else Status(batch.new_status),
+                results[append.task_id] = _accepted(
+                    append.task_id, append.expected_seq, len(append.events), batch
                 )
             else:
                 results[append.task_id] = await self._rejection(
@@ -345,6 +360,14 @@ class Store:
             if not verifier.feed(record):
                 break
         return verifier.report(head.head_seq, head.head_hash)
+
+
+def _accepted(task_id: str, expected_seq: int, count: int, batch: _Batch) -> AppendResult:
+    return AppendResult(
+        task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + count,
+        head_hash=batch.new_hash,
+        status=None if batch.new_status is None else Status(batch.new_status),
+    )
 
 
 def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> tuple[Any, ...]:

@@ -1,0 +1,52 @@
+"""Budget arithmetic (pure): which limit, if any, a task's usage has reached."""
+
+from __future__ import annotations
+
+import msgspec
+
+from wal_engine.events import Budget
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a task has used so far, as recorded in its log (and the database clock)."""
+
+    steps: int = 0
+    tokens: int = 0
+    runtime_s: float = 0.0
+    cost_usd: float = 0.0
+    tool_calls: int = 0
+    attempts: int = 0
+
+
+class BudgetTrip(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget that is used up: its name, limit and the amount used."""
+
+    budget: str
+    limit: float
+    used: float
+
+
+def first_trip(budget: Budget, usage: Usage, *, planned_tool_calls: int = 0) -> BudgetTrip | None:
+    """The first budget that ``usage`` has reached, or None.
+
+    ``planned_tool_calls`` counts a call about to be made, so that a tool-call budget of N
+    allows exactly N calls. Steps, tokens, runtime and cost trip when used >= limit after the
+    fact; attempts trip when more claims than allowed were made.
+    """
+    checks: tuple[tuple[str, float | None, float], ...] = (
+        ("max_steps", budget.max_steps, usage.steps),
+        ("max_tokens", budget.max_tokens, usage.tokens),
+        ("max_runtime_s", budget.max_runtime_s, usage.runtime_s),
+        ("max_cost_usd", budget.max_cost_usd, usage.cost_usd),
+    )
+    for name, limit, used in checks:
+        if limit is not None and used >= limit:
+            return BudgetTrip(budget=name, limit=float(limit), used=float(used))
+    calls = usage.tool_calls + planned_tool_calls
+    if budget.max_tool_calls is not None and calls > budget.max_tool_calls:
+        return BudgetTrip(budget="max_tool_calls", limit=float(budget.max_tool_calls),
+                          used=float(calls))
+    if budget.max_attempts is not None and usage.attempts > budget.max_attempts:
+        return BudgetTrip(budget="max_attempts", limit=float(budget.max_attempts),
+                          used=float(usage.attempts))
+    return None

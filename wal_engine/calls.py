@@ -1,0 +1,377 @@
+"""The write-ahead protocol of one external call: intent, act, record; retries; escalation.
+
+1. append ``*_call_intended`` (with the idempotency key ``idem:<task>:<seq of intent>``) and
+   commit;
+2. run the call with that key in ``ctx.idempotency_key``;
+3. append the result, or the failure of this attempt (with when the next one is due).
+
+On a re-run, an intent without an outcome is *in doubt*: an idempotent tool is called again
+with the same key; a tool with a ``lookup`` is asked what it recorded under the key; a
+non-idempotent tool is escalated (``tool_call_uncertain``), then the task fails or waits for
+a human to reconcile it, and the tool is never re-run blindly (RELIABILITY.md R3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from replay.journal import Fresh, InDoubt, Outcome, Retry
+from replay.state import CallStatus
+from wal_engine import events as ev
+from wal_engine import failpoints
+from wal_engine.context import (
+    LlmResponse,
+    ToolError,
+    _current_call,
+    _ToolSpec,
+    call_function,
+    wait_signal,
+)
+from wal_engine.errors import InvalidPayload
+from wal_engine.ids import idempotency_key
+from wal_engine.idempotency import Claim
+from wal_engine.retries import RetryPolicy, backoff_delay_s, should_retry
+from wal_engine.runtime import INTERNAL_PREFIX, Finished, Suspended
+from wal_engine.state_machine import Status
+
+if TYPE_CHECKING:
+    from wal_engine.runtime import TaskRun
+
+log = structlog.get_logger(__name__)
+
+error_text_max: Final = 2000
+attempts_max: Final = 1000
+"""Bound on the retry loop of one call (the policy's max_attempts is far lower)."""
+
+
+def _now_ms() -> int:
+    return round(time.time() * 1000)
+
+
+def _intent_seq(run: TaskRun) -> int:
+    """The seq the next intent will get (a step_started may go first)."""
+    return run.head_seq + (2 if run.status is Status.CHECKPOINTED else 1)
+
+
+def _claim(run: TaskRun, key: str) -> Claim:
+    return Claim(key=key, owner=run.worker.worker_id, epoch=run.epoch, task_id=run.task_id)
+
+
+async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int | None,
+                      policy: RetryPolicy) -> None:
+    """Wait for a retry's due time: in memory if short, as a durable timer if long."""
+    delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms()
+    timer_id = f"{INTERNAL_PREFIX}retry:{call_id}:{attempt}"
+    timer = run.state.calls.get(timer_id)
+    if timer is not None:
+        if timer.status is CallStatus.PENDING:
+            await run.append([ev.TimerFired(timer_id=timer_id)])
+        return
+    if delay_ms <= 0:
+        return
+    if delay_ms > policy.durable_after_s * 1000:
+        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=_now_ms() + delay_ms,
+                                          duration_ms=delay_ms)])
+        raise Suspended
+    await asyncio.sleep(delay_ms / 1000)
+    run.check_live()
+
+
+class ToolCaller:
+    """One tool call through intent, attempts and outcome."""
+
+    def __init__(self, run: TaskRun, spec: _ToolSpec) -> None:
+        self.run = run
+        self.spec = spec
+
+    async def run(self, outcome: Outcome, *, approval: bool) -> Any:
+        """Drive the call from the journal's answer to its outcome."""
+        if isinstance(outcome, Fresh):
+            if approval:
+                await self._approved(outcome.call_id)
+            return await self._first_attempt(outcome.call_id)
+        if isinstance(outcome, Retry):
+            return await self._next_attempt(outcome.call_id, outcome.attempt,
+                                            outcome.idempotency_key, outcome.due_at_ms)
+        assert isinstance(outcome, InDoubt)
+        return await self._in_doubt(outcome)
+
+    async def _first_attempt(self, call_id: str) -> Any:
+        run = self.run
+        trip = run.check_budget(planned_tool_calls=1)
+        if trip is not None:
+            await run.fail_budget(trip)
+        key = idempotency_key(run.task_id, _intent_seq(run))
+        failpoints.hit("before_intent_append")
+        await run.append([self._intent(call_id, key, 1)])
+        failpoints.hit("after_intent_commit")
+        return await self._attempts(call_id, key, 1)
+
+    def _intent(self, call_id: str, key: str, attempt: int) -> ev.ToolCallIntended:
+        spec = self.spec
+        return ev.ToolCallIntended(
+            call_id=call_id, tool=spec.name, args=spec.args, args_hash=spec.args_hash,
+            idempotency_key=key, idempotent=spec.idempotent, attempt=attempt,
+        )
+
+    async def _next_attempt(self, call_id: str, attempt: int, key: str | None,
+                            due_at_ms: int | None) -> Any:
+        run = self.run
+        assert key is not None
+        await _wait_until(run, call_id, attempt, due_at_ms, self.spec.retry)
+        trip = run.check_budget(planned_tool_calls=1)
+        if trip is not None:
+            await run.fail_budget(trip)
+        await run.append([self._intent(call_id, key, attempt)])
+        return await self._attempts(call_id, key, attempt)
+
+    async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
+        """Run attempts until one succeeds, a permanent failure, or the policy gives up."""
+        run, spec = self.run, self.spec
+        for _ in range(attempts_max):
+            token = _current_call.set(_claim(run, key))
+            try:
+                result = await call_function(spec.function, spec.args, spec.timeout_s)
+                failpoints.hit("after_effect_before_result")
+            except Exception as error:
+                retry_at = await self._record_failure(call_id, attempt, error)
+                if retry_at is None:
+                    raise ToolError(call_id, type(error).__name__, str(error)) from error
+                attempt += 1
+                await _wait_until(run, call_id, attempt, retry_at, spec.retry)
+                await run.append([self._intent(call_id, key, attempt)])
+                continue
+            finally:
+                _current_call.reset(token)
+            recorded = await self._record_result(call_id, attempt, result)
+            failpoints.hit("after_result_commit")
+            return recorded
+        raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
+
+    async def _record_failure(self, call_id: str, attempt: int,
+                              error: Exception) -> int | None:
+        run, policy = self.run, self.spec.retry
+        retryable = should_retry(policy, attempt, error)
+        retry_at = None
+        if retryable:
+            delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
+            retry_at = _now_ms() + round(delay_s * 1000)
+        await run.append([ev.ToolCallFailed(
+            call_id=call_id, attempt=attempt, error=str(error)[:error_text_max],
+            error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
+        log.info("tool_attempt_failed", task_id=run.task_id, call_id=call_id, attempt=attempt,
+                 retryable=retryable, error_type=type(error).__name__)
+        return retry_at
+
+    async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
+        landed = await self.run.store_result_or_failure(
+            ev.ToolCallCompleted(call_id=call_id, result=result),
+            ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
+                              error="the tool's result cannot be stored", retryable=False),
+        )
+        if not landed:
+            raise ToolError(call_id, "UnstorableResult", "the tool's result cannot be stored")
+        return result
+
+    async def _in_doubt(self, outcome: InDoubt) -> Any:
+        """The crash fell between intent and outcome (window 2 of RELIABILITY.md W3)."""
+        run, spec = self.run, self.spec
+        key = outcome.idempotency_key
+        assert key is not None
+        if outcome.escalated:
+            return await self._reconcile(outcome.call_id, outcome.attempt)
+        if spec.lookup is not None:
+            found = await spec.lookup(key)
+            if found is not None:
+                return await self._record_result(outcome.call_id, outcome.attempt, found)
+        if spec.idempotent:
+            log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
+            return await self._attempts(outcome.call_id, key, outcome.attempt)
+        await run.append([ev.ToolCallUncertain(call_id=outcome.call_id,
+                                               policy=spec.on_uncertain)])
+        log.warning("call_uncertain", task_id=run.task_id, call_id=outcome.call_id,
+                    policy=spec.on_uncertain)
+        return await self._reconcile(outcome.call_id, outcome.attempt)
+
+    async def _reconcile(self, call_id: str, attempt: int) -> Any:
+        """An escalated call: fail the task, or wait for a human's reconciliation signal."""
+        run = self.run
+        if self.spec.on_uncertain != "wait":
+            await run.fail("uncertain_side_effect", None, diagnostic_extra={
+                "call_id": call_id, "tool": self.spec.name})
+            raise Finished
+        payload = await wait_signal(run, f"{INTERNAL_PREFIX}reconcile:{call_id}", None)
+        if isinstance(payload, dict) and "error" in payload:
+            await run.append([ev.ToolCallFailed(
+                call_id=call_id, attempt=attempt, error=str(payload["error"])[:error_text_max],
+                error_type="Reconciled", retryable=False)])
+            raise ToolError(call_id, "Reconciled", str(payload["error"]))
+        result = payload.get("result") if isinstance(payload, dict) else payload
+        return await self._record_result(call_id, attempt, result)
+
+    async def _approved(self, call_id: str) -> None:
+        """Wait until a human approved this exact call (tool and hash of its arguments)."""
+        run, spec = self.run, self.spec
+        signal_name = f"{INTERNAL_PREFIX}approval:{call_id}"
+        approval = run.state.approvals.get(call_id)
+        if approval is None:
+            await run.append([ev.ApprovalRequested(call_id=call_id, tool=spec.name,
+                                                   args_hash=spec.args_hash,
+                                                   signal_name=signal_name)])
+        elif approval.approved is True:
+            return
+        for _ in range(attempts_max):
+            payload = await wait_signal(run, signal_name, None)
+            decision = _approval_decision(payload)
+            if decision is None or decision.args_hash != spec.args_hash:
+                log.warning("approval_rejected", task_id=run.task_id, call_id=call_id,
+                            reason="does not match the planned call")
+                continue
+            await run.append([ev.ApprovalDecided(
+                call_id=call_id, approved=decision.approved, approver=decision.approver,
+                args_hash=decision.args_hash, comment=decision.comment)])
+            if decision.approved:
+                return
+            await run.fail("approval_refused", None, diagnostic_extra={
+                "call_id": call_id, "tool": spec.name, "approver": decision.approver})
+            raise Finished
+        raise ToolError(call_id, "ApprovalLimit", "too many approvals that did not match")
+
+
+def _approval_decision(payload: Any) -> ev.ApprovalDecided | None:
+    """The decision a signal payload carries, or None if it is malformed."""
+    if not isinstance(payload, dict):
+        return None
+    approver, hashed = payload.get("approver"), payload.get("args_hash")
+    approved, comment = payload.get("approved"), payload.get("comment")
+    if not isinstance(approver, str) or not approver or not isinstance(hashed, str):
+        return None
+    if not isinstance(approved, bool) or not (comment is None or isinstance(comment, str)):
+        return None
+    return ev.ApprovalDecided(call_id="", approved=approved, approver=approver,
+                              args_hash=hashed, comment=comment)
+
+
+class LlmCaller:
+    """One LLM call: intent, call, journaled response and usage. An in-doubt call is made
+    again with the same key (it only costs tokens); the recorded response wins."""
+
+    def __init__(self, run: TaskRun, model: str, function: Callable[[Any], Any], request: Any,
+                 hashed: str, retry: RetryPolicy, timeout_s: float | None) -> None:
+        self.run, self.model, self.function = run, model, function
+        self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
+
+    async def run(self, outcome: Outcome) -> Any:
+        """Drive the LLM call to its recorded response."""
+        run = self.run
+        if isinstance(outcome, Fresh):
+            call_id, attempt = outcome.call_id, 1
+            key = idempotency_key(run.task_id, _intent_seq(run))
+            await self._intend(call_id, key, attempt)
+        elif isinstance(outcome, Retry):
+            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
+            assert key is not None
+            await _wait_until(run, call_id, attempt, outcome.due_at_ms, self.retry)
+            await self._intend(call_id, key, attempt)
+        else:
+            assert isinstance(outcome, InDoubt) and outcome.idempotency_key is not None
+            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
+        return await self._attempts(call_id, key, attempt)
+
+    async def _intend(self, call_id: str, key: str, attempt: int) -> None:
+        trip = self.run.check_budget()
+        if trip is not None:
+            await self.run.fail_budget(trip)
+        await self.run.append([ev.LlmCallIntended(
+            call_id=call_id, model=self.model, request=self.request, request_hash=self.hashed,
+            idempotency_key=key, attempt=attempt)])
+
+    async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
+        run = self.run
+        for _ in range(attempts_max):
+            token = _current_call.set(_claim(run, key))
+            try:
+                raw = await call_function(self.function, self.request, self.timeout_s)
+            except Exception as error:
+                retryable = should_retry(self.retry, attempt, error)
+                retry_at = (_now_ms() + round(1000 * backoff_delay_s(
+                    self.retry, run.task_id, run.head_seq, attempt))) if retryable else None
+                await run.append([ev.LlmCallFailed(
+                    call_id=call_id, attempt=attempt, error=str(error)[:error_text_max],
+                    error_type=type(error).__name__, retryable=retryable,
+                    retry_at_ms=retry_at)])
+                if retry_at is None:
+                    raise ToolError(call_id, type(error).__name__, str(error)) from error
+                attempt += 1
+                await _wait_until(run, call_id, attempt, retry_at, self.retry)
+                await self._intend(call_id, key, attempt)
+                continue
+            finally:
+                _current_call.reset(token)
+            return await self._record(call_id, attempt, _as_response(raw))
+        raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
+
+    async def _record(self, call_id: str, attempt: int, response: LlmResponse) -> Any:
+        landed = await self.run.store_result_or_failure(
+            ev.LlmCallCompleted(call_id=call_id, response=response.content,
+                                input_tokens=response.input_tokens,
+                                output_tokens=response.output_tokens,
+                                cost_usd=response.cost_usd),
+            ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
+                             error="the LLM response cannot be stored", retryable=False),
+        )
+        if not landed:
+            raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
+        return response.content
+
+
+def _as_response(raw: Any) -> LlmResponse:
+    if isinstance(raw, LlmResponse):
+        return raw
+    if isinstance(raw, dict) and "content" in raw:
+        return LlmResponse(
+            content=raw["content"], input_tokens=int(raw.get("input_tokens", 0)),
+            output_tokens=int(raw.get("output_tokens", 0)),
+            cost_usd=float(raw.get("cost_usd", 0.0)),
+        )
+    return LlmResponse(content=raw)
+
+
+async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
+                          function: Callable[[Any, Any], Any], args: Any, hashed: str) -> Any:
+    """A DB-local effect: the effect, its dedup row and the result event in one transaction.
+
+    An in-doubt transaction call never committed (the result event would be in the log
+    otherwise), so it is simply run again under the same key.
+    """
+    if isinstance(outcome, Fresh):
+        call_id = outcome.call_id
+        key = idempotency_key(run.task_id, _intent_seq(run))
+        await run.append([ev.ToolCallIntended(call_id=call_id, tool=name, args=args,
+                                              args_hash=hashed, idempotency_key=key)])
+    else:
+        assert isinstance(outcome, InDoubt | Retry) and outcome.idempotency_key is not None
+        call_id, key = outcome.call_id, outcome.idempotency_key
+    pending: dict[str, Any] = {}
+
+    async def record(connection: Any, result: Any) -> None:
+        event = ev.ToolCallCompleted(call_id=call_id, result=result)
+        encoded = [ev.encode_event(event, payload_bytes_max=run.engine.store.payload_bytes_max)]
+        pending["append"] = await run.engine.store.append_events(
+            run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,
+            prev_hash=run.head_hash, connection=connection, encoded=encoded)
+        pending["event"] = event
+
+    try:
+        result = await run.engine.gateway.run_in_transaction(
+            _claim(run, key), lambda connection: function(connection, args), record)
+    except InvalidPayload as error:
+        raise ToolError(call_id, "UnstorableResult", str(error)) from error
+    if "append" in pending:
+        run.adopt_append(pending["event"], pending["append"])
+    return result

@@ -1,0 +1,382 @@
+"""The agent context (``ctx``): every command agent code may issue, written ahead.
+
+External calls (tools, LLM calls, clock and random values, durable sleeps, signal waits) are
+matched against the journal: a recorded outcome is returned without calling anything; an
+in-doubt call is retried with its recorded idempotency key when the tool is idempotent, and
+escalated otherwise; a new call records its intent, commits, and only then acts. Messages,
+checkpoints, environment and plan changes are matched by their ordinal among commands of
+their kind, so a re-run never writes them twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import random as random_module
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import msgspec
+
+from replay.divergence import CallSignature, NonDeterminismError
+from replay.journal import Fresh, InDoubt, Outcome, Recorded
+from replay.state import AgentState, CallKind, args_hash
+from wal_engine import events as ev
+from wal_engine import failpoints
+from wal_engine.errors import WalError
+from wal_engine.idempotency import Claim
+from wal_engine.payloads import decode_payload
+from wal_engine.retries import DEFAULT_POLICY, RetryPolicy
+from wal_engine.runtime import INTERNAL_PREFIX, Suspended
+from wal_engine.store import queries
+
+if TYPE_CHECKING:
+    from wal_engine.runtime import TaskRun
+
+UncertainPolicy = Literal["fail", "wait"]
+
+_current_call: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
+    "wal_engine_current_call", default=None
+)
+
+
+class ToolError(WalError):
+    """A tool or LLM call failed for good (its attempts are in the log)."""
+
+    def __init__(self, call_id: str, error_type: str, error: str) -> None:
+        super().__init__(f"call {call_id} failed: {error_type}: {error}")
+        self.call_id = call_id
+        self.error_type = error_type
+        self.error = error
+
+
+class SignalTimeout(WalError):
+    """No signal arrived before the wait's timeout."""
+
+
+class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """What an LLM function returns: the response and its usage (journaled with it)."""
+
+    content: Any = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+def current_call() -> Claim | None:
+    """The call in flight in this coroutine (its idempotency key and fencing epoch)."""
+    return _current_call.get()
+
+
+class AgentContext:
+    """What an agent function receives as ``ctx``."""
+
+    def __init__(self, run: TaskRun) -> None:
+        self._run = run
+        self._ordinals: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ inspection
+
+    @property
+    def task_id(self) -> str:
+        """The task's id."""
+        return self._run.task_id
+
+    @property
+    def state(self) -> AgentState:
+        """The task's folded state as recorded so far (for inspection; branch on results)."""
+        return self._run.state
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The task's own environment variables (set with :meth:`set_env`)."""
+        return dict(self._run.state.env)
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch of this run (the fencing token handed to tools)."""
+        return self._run.epoch
+
+    @property
+    def worker_id(self) -> str:
+        """The worker running this task."""
+        return self._run.worker.worker_id
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The key of the call in flight, for the callee to deduplicate on."""
+        claim = _current_call.get()
+        return None if claim is None else claim.key
+
+    @property
+    def call_claim(self) -> Claim | None:
+        """The call in flight as a gateway claim (key, owner, epoch)."""
+        return _current_call.get()
+
+    # ------------------------------------------------------------------ external calls
+
+    async def tool(
+        self,
+        name: str,
+        function: Callable[[Any], Any],
+        args: Any = None,
+        *,
+        idempotent: bool = True,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        timeout_s: float | None = None,
+        approval: bool = False,
+        on_uncertain: UncertainPolicy = "fail",
+        lookup: Callable[[str], Awaitable[Any]] | None = None,
+    ) -> Any:
+        """Call a tool, written ahead: intent committed, then ``function(args)``, then result.
+
+        Args:
+            name: The tool's stable name (matched on replay).
+            function: Sync or async callable taking ``args``; inside it
+                ``ctx.idempotency_key`` is the key to hand to the callee.
+            args: Plain JSON arguments (matched on replay by a hash of their encoding).
+            idempotent: Whether a retry with the same key is safe. A non-idempotent call in
+                doubt after a crash is escalated per ``on_uncertain``, never re-run.
+            retry: Attempts, backoff and which errors are transient.
+            timeout_s: Per-attempt timeout (a timeout is a transient failure).
+            approval: Wait for a human approval of this exact call before acting.
+            on_uncertain: ``"fail"`` the task, or ``"wait"`` for a reconciliation signal.
+            lookup: For an in-doubt call: ``await lookup(key)`` returns the callee's recorded
+                result, or None if it never acted (then the call is made again).
+
+        Returns:
+            The tool's result (from the log on replay).
+
+        Raises:
+            ToolError: the call failed for good.
+        """
+        hashed = args_hash(args)
+        outcome = await self._next(CallKind.TOOL, name, hashed)
+        if isinstance(outcome, Recorded):
+            return _recorded(outcome)
+        spec = _ToolSpec(name=name, function=function, args=args, args_hash=hashed,
+                         idempotent=idempotent, retry=retry, timeout_s=timeout_s,
+                         on_uncertain=on_uncertain, lookup=lookup)
+        from wal_engine.calls import ToolCaller
+
+        return await ToolCaller(self._run, spec).run(outcome, approval=approval)
+
+    async def llm(
+        self,
+        model: str,
+        function: Callable[[Any], Any],
+        request: Any = None,
+        *,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Call an LLM, journaled: its response and token usage are recorded, so a replay
+        never pays for the same tokens twice. ``function(request)`` returns an
+        :class:`LlmResponse` (or a dict with its fields, or a bare response).
+        """
+        hashed = args_hash(request)
+        outcome = await self._next(CallKind.LLM, model, hashed)
+        if isinstance(outcome, Recorded):
+            return _recorded(outcome)
+        from wal_engine.calls import LlmCaller
+
+        return await LlmCaller(self._run, model, function, request, hashed, retry,
+                               timeout_s).run(outcome)
+
+    async def now(self) -> float:
+        """Seconds since the epoch, journaled: a replay sees the same value."""
+        return float(await self._value("now", time.time))
+
+    async def random(self) -> float:
+        """A number in [0, 1), journaled: a replay sees the same value."""
+        return float(await self._value("random", random_module.random))
+
+    async def _value(self, kind: str, source: Callable[[], Any]) -> Any:
+        outcome = await self._next(CallKind.VALUE, kind, "")
+        if isinstance(outcome, Recorded):
+            return outcome.result
+        assert isinstance(outcome, Fresh)
+        value = source()
+        await self._run.append([ev.ValueRecorded(call_id=outcome.call_id, kind=kind,
+                                                 value=value)])
+        return value
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep durably: the task releases its lease and any worker wakes it when due."""
+        duration_ms = max(0, round(seconds * 1000))
+        outcome = await self._next(CallKind.TIMER, "sleep", args_hash(duration_ms))
+        if isinstance(outcome, Recorded):
+            return
+        if isinstance(outcome, InDoubt):
+            # Started and now running again: only the timer coming due wakes a sleep.
+            await self._run.append([ev.TimerFired(timer_id=outcome.call_id)])
+            return
+        assert isinstance(outcome, Fresh)
+        await self._run.append([ev.TimerStarted(
+            timer_id=outcome.call_id, wake_at_ms=round(time.time() * 1000) + duration_ms,
+            duration_ms=duration_ms)])
+        raise Suspended
+
+    async def wait_for_signal(self, name: str, *, timeout_s: float | None = None) -> Any:
+        """Wait durably for the signal ``name`` (sent with ``engine.signal``); return its
+        payload. A signal sent before the wait is delivered. Raises SignalTimeout."""
+        if name.startswith(INTERNAL_PREFIX):
+            raise WalError(f"signal names starting with {INTERNAL_PREFIX!r} are reserved")
+        outcome = await self._next(CallKind.SIGNAL, name, "")
+        if isinstance(outcome, Recorded):
+            if outcome.error is not None:
+                raise SignalTimeout(outcome.error.error)
+            return outcome.result
+        timeout_ms = None if timeout_s is None else max(0, round(timeout_s * 1000))
+        return await wait_signal(self._run, name, timeout_ms)
+
+    # ------------------------------------------------------------------ other commands
+
+    async def message(self, role: str, content: Any, *, name: str | None = None) -> None:
+        """Add a message to the task's conversation history (once, even across re-runs)."""
+        index = self._ordinal("message_appended") - 1
+        recorded = self._run.state.messages
+        if index < len(recorded):
+            prior = recorded[index]
+            if (prior.role, prior.content, prior.name) != (role, content, name):
+                raise _divergence(self._run, "message", f"{role}", prior.role)
+            return
+        self._run.check_live()
+        await self._run.append([ev.MessageAppended(role=role, content=content, name=name)])
+
+    async def checkpoint(self, next_action: Any = None) -> None:
+        """A step boundary: status CHECKPOINTED, snapshot per policy; the next command opens
+        the next step. If the worker is shutting down, the task is handed back here."""
+        ordinal = self._ordinal("step_checkpointed")
+        if ordinal <= self._run.state.commands.get("step_checkpointed", 0):
+            return
+        self._run.check_live()
+        trip = self._run.check_budget(starting_step=True)
+        if trip is not None:
+            await self._run.fail_budget(trip)
+        await self._run.append([ev.StepCheckpointed(step=ordinal, next_action=next_action)])
+        failpoints.hit("at_checkpoint")
+        await self._run.maybe_snapshot()
+        await self._run.release_if_requested()
+
+    async def set_env(self, **values: str | None) -> None:
+        """Set (or, with None, unset) the task's own environment variables."""
+        if self._ordinal("environment_set") <= self._run.state.commands.get("environment_set", 0):
+            return
+        await self._run.append([ev.EnvironmentSet(values=values)])
+
+    async def plan(self, nodes: list[ev.PlanNode]) -> None:
+        """Record (or rewrite) the task's plan as a DAG of nodes."""
+        if self._ordinal("plan_updated") <= self._run.state.commands.get("plan_updated", 0):
+            return
+        await self._run.append([ev.PlanUpdated(nodes=nodes)])
+
+    async def complete_node(self, node_id: str) -> None:
+        """Mark a node of the plan done (its dependencies must be done)."""
+        ordinal = self._ordinal("plan_node_completed")
+        if ordinal <= self._run.state.commands.get("plan_node_completed", 0):
+            return
+        await self._run.append([ev.PlanNodeCompleted(node_id=node_id)])
+
+    async def transaction(self, name: str, function: Callable[[Any, Any], Awaitable[Any]],
+                          args: Any = None) -> Any:
+        """Exactly once for effects on this database: ``await function(connection, args)``,
+        its dedup row and the result event commit in one transaction."""
+        hashed = args_hash(args)
+        outcome = await self._next(CallKind.TOOL, name, hashed)
+        if isinstance(outcome, Recorded):
+            return _recorded(outcome)
+        from wal_engine.calls import run_transaction
+
+        return await run_transaction(self._run, outcome, name, function, args, hashed)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _next(self, kind: CallKind, name: str, hashed: str) -> Outcome:
+        run = self._run
+        run.check_live()
+        await run.release_if_requested()
+        assert run.journal is not None
+        return run.journal.next_call(kind, name, hashed)
+
+    def _ordinal(self, kind: str) -> int:
+        self._ordinals[kind] = self._ordinals.get(kind, 0) + 1
+        return self._ordinals[kind]
+
+    def finish_commands(self) -> None:
+        """When the agent returns: it must have issued every recorded command."""
+        recorded = self._run.state.commands
+        for kind, count in recorded.items():
+            if self._ordinals.get(kind, 0) < count:
+                raise _divergence(self._run, kind, None, f"{count} recorded")
+
+
+class _ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    function: Any
+    args: Any
+    args_hash: str
+    idempotent: bool
+    retry: RetryPolicy
+    timeout_s: float | None
+    on_uncertain: str
+    lookup: Any
+
+
+def _recorded(outcome: Recorded) -> Any:
+    if outcome.error is not None:
+        raise ToolError(outcome.call_id, outcome.error.error_type, outcome.error.error)
+    return outcome.result
+
+
+def _divergence(run: TaskRun, kind: str, requested: str | None,
+                recorded: str | None) -> NonDeterminismError:
+    seq = run.state.last_seq
+    return NonDeterminismError(
+        seq=seq,
+        recorded=None if recorded is None else CallSignature(kind=kind, name=recorded),
+        requested=None if requested is None else CallSignature(kind=kind, name=requested),
+        fork_point=seq - 1, call_index=0, task_id=run.task_id,
+    )
+
+
+async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
+    """Deliver a signal from the inbox, or wait durably for one (also for internal waits)."""
+    found, payload = await take_signal(run, name)
+    if found:
+        return payload
+    await run.append([ev.SignalAwaited(name=name, timeout_ms=timeout_ms)])
+    # A signal that committed while our wait was being written may have missed the wake-up
+    # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
+    if await _unconsumed_signals(run, name, 1):
+        await run.append([ev.TaskWoken(reason="signal")])
+        await run.engine.database.fetch("SELECT pg_notify('wal_engine_wake', $1)", run.task_id)
+    raise Suspended
+
+
+async def _unconsumed_signals(run: TaskRun, name: str, limit: int) -> list[Any]:
+    return await run.engine.database.fetch(queries.READ_SIGNALS, run.task_id, name,
+                                           list(run.state.signal_ids), limit)
+
+
+async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:
+    """Consume the oldest unconsumed signal ``name``: ``(True, payload)``, or ``(False, None)``."""
+    rows = await _unconsumed_signals(run, name, 1)
+    if not rows:
+        return False, None
+    payload = decode_payload(rows[0]["payload"])
+    await run.append([ev.SignalReceived(name=name, payload=payload,
+                                        signal_id=rows[0]["signal_id"])])
+    return True, payload
+
+
+async def call_function(function: Callable[[Any], Any], argument: Any,
+                        timeout_s: float | None) -> Any:
+    """Call a sync or async user function with an optional timeout."""
+    failpoints.hit("during_effect")
+    result = function(argument)
+    if inspect.isawaitable(result):
+        return await asyncio.wait_for(result, timeout_s) if timeout_s else await result
+    return result

@@ -1,0 +1,231 @@
+"""The object applications own: register agents, submit and steer tasks, run workers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import msgspec
+import structlog
+
+from wal_engine import limits
+from wal_engine.errors import ConfigurationError, InvalidInput
+from wal_engine.events import Budget
+from wal_engine.group_commit import GroupCommitter
+from wal_engine.ids import TaskId, new_task_id, validate_task_id
+from wal_engine.idempotency import IdempotencyGateway
+from wal_engine.payloads import encode_payload
+from wal_engine.resume import SnapshotPolicy
+from wal_engine.state_machine import TERMINAL
+from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
+from wal_engine.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from replay.state import AgentState
+    from wal_engine.runtime import AgentContext
+
+log = structlog.get_logger(__name__)
+
+AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
+F = TypeVar("F", bound=AgentFunction)
+
+wait_poll_s_default: Final = 0.05
+
+DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=200,
+                                                every_events=1000)
+"""Snapshot at a checkpoint at most every 200 events, and at least every 1,000: a resume
+folds a bounded tail, and snapshot storage stays a small multiple of the log's."""
+
+
+class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered agent: its name, its function and the type its input must have."""
+
+    name: str
+    function: Any
+    input_type: Any = None
+
+
+class Engine:
+    """Connects agents to the log. Create with :func:`connect`."""
+
+    def __init__(self, database: Database, *, payload_bytes_max: int,
+                 snapshot_policy: SnapshotPolicy | None = None) -> None:
+        self.database = database
+        self.snapshot_policy = snapshot_policy or DEFAULT_SNAPSHOT_POLICY
+        self.store = Store(database, payload_bytes_max=payload_bytes_max)
+        self.committer = GroupCommitter(self.store)
+        self.gateway = IdempotencyGateway(database)
+        self.agents: dict[str, AgentDefinition] = {}
+
+    # ------------------------------------------------------------------ agents
+
+    def agent(self, name: str, *, input_type: Any = None) -> Callable[[F], F]:
+        """Register ``async def agent(ctx, input)`` under ``name``.
+
+        Args:
+            name: The agent's stable name, stored with every task.
+            input_type: A msgspec Struct (or any type msgspec can convert to); submissions
+                are validated against it before anything is written.
+        """
+        if not name or len(name) > limits.name_length_max:
+            raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+
+        def register(function: F) -> F:
+            self.agents[name] = AgentDefinition(name=name, function=function,
+                                                input_type=input_type)
+            return function
+
+        return register
+
+    def register(self, name: str, function: AgentFunction, *, input_type: Any = None) -> None:
+        """Register an agent without the decorator."""
+        self.agent(name, input_type=input_type)(function)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        budget: Budget | None = None,
+        task_id: str | None = None,
+    ) -> TaskId:
+        """Queue a task; idempotent on a caller-given ``task_id``.
+
+        The input is validated against the agent's declared input type and must be plain
+        JSON once converted; a bad input raises :class:`InvalidInput` and never reaches the log.
+        """
+        definition = self.agents.get(agent)
+        plain_input = input
+        if definition is not None and definition.input_type is not None:
+            try:
+                typed = msgspec.convert(input, definition.input_type)
+            except msgspec.ValidationError as error:
+                raise InvalidInput(f"input for agent {agent!r} is invalid: {error}") from error
+            plain_input = msgspec.to_builtins(typed)
+        chosen = new_task_id() if task_id is None else validate_task_id(task_id)
+        await self.store.create_task(chosen, agent, input=plain_input, budget=budget)
+        return chosen
+
+    async def signal(self, task_id: str, name: str, payload: Any = None, *,
+                     dedup_key: str | None = None) -> int:
+        """Put a signal in a task's inbox; a task waiting for it becomes RESUMING at once.
+
+        Signals sent before the task waits are kept and delivered when it does. With
+        ``dedup_key``, a repeated delivery (a webhook sent twice) is stored once.
+        """
+        validate_task_id(task_id)
+        if not name or len(name) > limits.name_length_max:
+            raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
+        encoded = encode_payload(payload)
+        row = await self.database.fetchrow(queries.SEND_SIGNAL, task_id, name, encoded,
+                                           dedup_key, task_id=task_id)
+        return int(row["signal_id"])
+
+    async def approve(self, task_id: str, call_id: str, *, approver: str, approved: bool = True,
+                      args_hash: str | None = None, comment: str | None = None) -> int:
+        """Answer a pending approval request; an audited record, not a bare boolean.
+
+        ``args_hash`` defaults to the hash of the call awaiting approval (as recorded in the
+        request); passing another hash (approving a different call) is rejected by the task.
+        """
+        if args_hash is None:
+            request = (await self.state(task_id)).approvals.get(call_id)
+            if request is None:
+                raise InvalidInput(f"task {task_id!r} has no approval request for {call_id!r}")
+            args_hash = request.args_hash
+        payload = {"approved": approved, "approver": approver, "args_hash": args_hash,
+                   "comment": comment}
+        return await self.signal(task_id, f"~approval:{call_id}", payload)
+
+    async def reconcile(self, task_id: str, call_id: str, *, result: Any = None,
+                        error: str | None = None) -> int:
+        """Tell a task what an escalated (uncertain) call really did: its result or error."""
+        payload = {"error": error} if error is not None else {"result": result}
+        return await self.signal(task_id, f"~reconcile:{call_id}", payload)
+
+    async def cancel(self, task_id: str, *, reason: str = "cancelled",
+                     requested_by: str | None = None) -> bool:
+        """Cancel a task: it becomes FAILED and its current worker is fenced.
+
+        Returns False if the task had already finished.
+        """
+        validate_task_id(task_id)
+        row = await self.database.fetchrow(queries.CANCEL_TASK, task_id, reason, requested_by,
+                                           task_id=task_id)
+        return bool(row["cancelled"])
+
+    async def fork(self, task_id: str, at_seq: int) -> TaskId:
+        """A new task continuing a prefix of ``task_id``'s history up to ``at_seq``."""
+        from wal_engine.resume import fork
+
+        return TaskId(await fork(self.store, task_id, at_seq))
+
+    async def state(self, task_id: str) -> AgentState:
+        """The task's folded state (latest snapshot plus the tail of the log)."""
+        from wal_engine.resume import resume
+
+        return await resume(self.store, task_id)
+
+    async def head(self, task_id: str) -> TaskHead:
+        """The task's head row (status, seq, lease)."""
+        return await self.store.read_head(task_id)
+
+    async def history(self, task_id: str) -> list[EventRecord]:
+        """Every event of the task, in seq order."""
+        return await self.store.history(task_id)
+
+    async def wait(self, task_id: str, *, timeout_s: float | None = None,
+                   poll_s: float = wait_poll_s_default) -> AgentState:
+        """Wait until the task is COMPLETED or FAILED; return its final state."""
+        async def finished() -> None:
+            while (await self.store.read_head(task_id)).status not in TERMINAL:
+                await asyncio.sleep(poll_s)
+
+        await asyncio.wait_for(finished(), timeout_s)
+        return await self.state(task_id)
+
+    # ------------------------------------------------------------------ workers
+
+    def worker(self, *, concurrency: int = 8, worker_id: str | None = None,
+               **timings: Any) -> Worker:
+        """A worker for this engine's agents; ``timings`` are WorkerConfig fields."""
+        if not self.agents:
+            raise ConfigurationError("register at least one agent before starting a worker")
+        return Worker(self, WorkerConfig(concurrency=concurrency, **timings), worker_id)
+
+    async def close(self) -> None:
+        """Flush pending appends and close the pool."""
+        await self.committer.close()
+        await self.database.close()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+
+async def connect(
+    dsn: str | None = None,
+    *,
+    payload_bytes_max: int = limits.payload_bytes_max,
+    pool_size_max: int = limits.pool_size_max,
+    migrate: bool = True,
+    require_synchronous_commit: bool = True,
+    snapshot_policy: SnapshotPolicy | None = None,
+) -> Engine:
+    """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
+
+    The schema is applied on first connect (``migrate=False`` only checks its version).
+    """
+    database = await Database.open(
+        dsn, max_size=pool_size_max, migrate=migrate,
+        require_synchronous_commit=require_synchronous_commit,
+    )
+    return Engine(database, payload_bytes_max=payload_bytes_max,
+                  snapshot_policy=snapshot_policy)
+
+

@@ -1,0 +1,349 @@
+"""One claimed task running on a worker: re-run the agent against its journal, append ahead.
+
+A task run loads the task's state (latest snapshot plus the tail of the log), then runs the
+agent function from the top. Every command the code issues goes through the
+:class:`~wal_engine.context.AgentContext`: commands already in the log are answered from it
+(the journal cursor for external calls, ordinals for messages and checkpoints), new ones are
+appended **before** they act. The run ends when the agent returns (``task_completed``),
+fails (``task_failed`` with a diagnostic), waits (the task is WAITING and the lease is
+dropped), is handed back (``task_released``), or is fenced (another worker owns the task:
+nothing more is written or done).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from replay.divergence import NonDeterminismError
+from replay.fold import StateBuilder
+from replay.journal import Journal
+from replay.state import AgentState
+from wal_engine import events as ev
+from wal_engine.budgets import BudgetTrip, Usage, first_trip
+from wal_engine.errors import (
+    AmbiguousCommit,
+    ConcurrencyConflict,
+    DatabaseUnavailable,
+    InvalidPayload,
+    LeaseLost,
+    UnknownTask,
+)
+from wal_engine.state_machine import LEASED, TERMINAL, Status
+from wal_engine.store import PendingAppend
+from wal_engine.store.connection import CONNECTION_ERRORS
+
+if TYPE_CHECKING:
+    from wal_engine.engine import Engine
+    from wal_engine.worker import Worker
+
+log = structlog.get_logger(__name__)
+
+INTERNAL_PREFIX: Final = "~"
+"""Call ids and signal names the engine uses for its own waits (approvals, reconciliation,
+retry timers). The journal the agent code is matched against leaves them out."""
+
+diagnostic_events_max: Final = 10
+error_text_max: Final = 2000
+
+
+class Suspended(BaseException):
+    """Unwinds agent code when the task waits or is handed back.
+
+    A BaseException so that agent code's ``except Exception`` cannot swallow it.
+    """
+
+
+class Fenced(BaseException):
+    """Unwinds agent code when the lease is lost: nothing more may be written or done.
+
+    A BaseException for the same reason as :class:`Suspended`.
+    """
+
+
+class Finished(BaseException):
+    """Unwinds agent code after the engine recorded a terminal event (budget, escalation).
+
+    A BaseException for the same reason as :class:`Suspended`.
+    """
+
+
+class TaskRun:
+    """The execution of one claimed task on one worker."""
+
+    def __init__(self, engine: Engine, worker: Worker, row: Any) -> None:
+        self.engine = engine
+        self.worker = worker
+        self.task_id: str = row["task_id"]
+        self.agent: str = row["agent"]
+        self.epoch: int = row["lease_epoch"]
+        self.head_seq: int = row["head_seq"]
+        self.head_hash: bytes = row["head_hash"]
+        self.claimed_at = time.monotonic()
+        started: dt.datetime | None = row["started_at"]
+        now: dt.datetime = row["database_now"]
+        self.runtime_before_claim_s = 0.0 if started is None else (now - started).total_seconds()
+        self.leased = True
+        self.fenced_reason: str | None = None
+        self.suspend_requested = False
+        self.builder: StateBuilder | None = None
+        self.journal: Journal | None = None
+        self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=worker.worker_id)
+        self._state_cache: AgentState | None = None
+        self.last_snapshot_seq = 0
+
+    # ------------------------------------------------------------------ control
+
+    def fence(self, reason: str) -> None:
+        """Stop the run at its next command: another worker owns the task."""
+        if self.fenced_reason is None:
+            self.log.warning("lease_lost", reason=reason)
+        self.fenced_reason = reason
+        self.leased = False
+
+    def request_suspend(self) -> None:
+        """Hand the task back at the next durable point (graceful shutdown)."""
+        self.suspend_requested = True
+
+    @property
+    def state(self) -> AgentState:
+        """The folded state as of the last event written or replayed."""
+        if self._state_cache is None:
+            assert self.builder is not None
+            self._state_cache = self.builder.state()
+        return self._state_cache
+
+    @property
+    def status(self) -> Status | None:
+        """The current status (cheap: no state copy)."""
+        assert self.builder is not None
+        return self.builder.status
+
+    def runtime_s(self) -> float:
+        """Wall-clock runtime across all workers and restarts (database clock at claim)."""
+        return self.runtime_before_claim_s + (time.monotonic() - self.claimed_at)
+
+    # ------------------------------------------------------------------ execution
+
+    async def execute(self) -> None:
+        """Run the task until it finishes, waits, is handed back or is fenced."""
+        from wal_engine.context import AgentContext
+        from wal_engine.resume import read_state
+
+        definition = self.engine.agents.get(self.agent)
+        resumed = await read_state(self.engine.store, self.task_id)
+        state = resumed.state
+        self.last_snapshot_seq = resumed.snapshot_seq or 0
+        if state.last_seq != self.head_seq:
+            self.fence(f"log moved past the claim (seq {state.last_seq} != {self.head_seq})")
+            return
+        self.builder = StateBuilder(state)
+        self.journal = Journal(
+            [call for call in state.calls.values() if not is_internal(call)],
+            end_seq=state.last_seq, closed=state.terminal, task_id=self.task_id,
+        )
+        if definition is None:
+            await self._release(f"agent {self.agent!r} is not registered on this worker")
+            return
+        context = AgentContext(self)
+        try:
+            await self._run_agent(context, definition.function, state.input)
+        except (Suspended, Finished):
+            pass
+        except Fenced:
+            self.log.warning("task_run_fenced", reason=self.fenced_reason)
+        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
+            self.log.warning("task_run_interrupted", error=repr(error))
+
+    async def _run_agent(self, context: Any, function: Any, agent_input: Any) -> None:
+        trip = self.check_budget(at_claim=True)
+        if trip is not None:
+            await self.fail_budget(trip)
+        try:
+            output = await function(context, agent_input)
+            assert self.journal is not None
+            self.journal.finish()
+            context.finish_commands()
+        except NonDeterminismError as error:
+            self.log.error("nondeterminism", seq=error.seq, fork_point=error.fork_point)
+            await self.fail("nondeterminism", error, diagnostic_extra={
+                "seq": error.seq, "fork_point": error.fork_point})
+            return
+        except (Suspended, Finished, Fenced):
+            raise
+        except (LeaseLost, ConcurrencyConflict) as error:
+            self.fence(str(error))
+            raise Fenced from error
+        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+            raise
+        except Exception as error:
+            self.log.error("agent_failed", error=repr(error))
+            await self.fail("agent_error", error)
+            return
+        await self.append([ev.TaskCompleted(output=output)])
+        self.log.info("task_completed", seq=self.head_seq)
+
+    # ------------------------------------------------------------------ appends
+
+    def check_live(self) -> None:
+        """Raise unless the run may issue another command."""
+        if self.fenced_reason is not None:
+            raise Fenced
+
+    async def append(self, events: Sequence[ev.Event]) -> None:
+        """Write ahead: validate, fold, then append in one fenced commit (group-committed).
+
+        Raises :class:`Fenced` if another worker owns the task; InvalidPayload if an event
+        cannot be stored (nothing is written, the state is unchanged).
+        """
+        self.check_live()
+        events = self._with_step_started(events)
+        encoded = [ev.encode_event(e, payload_bytes_max=self.engine.store.payload_bytes_max)
+                   for e in events]
+        assert self.builder is not None
+        for event in events:
+            self.builder.apply(event)
+        self._state_cache = None
+        try:
+            result = await self.engine.committer.append(PendingAppend(
+                task_id=self.task_id, epoch=self.epoch, expected_seq=self.head_seq,
+                prev_hash=self.head_hash, events=list(events), encoded=encoded,
+            ))
+        except (LeaseLost, ConcurrencyConflict, UnknownTask) as error:
+            self.fence(str(error))
+            raise Fenced from error
+        self.head_seq, self.head_hash = result.head_seq, result.head_hash
+        if result.status is not None and result.status not in LEASED:
+            self.leased = False
+
+    def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
+        """Open the next step first when the task rests CHECKPOINTED and an observation
+        (which needs RUNNING) follows."""
+        if self.status is not Status.CHECKPOINTED:
+            return events
+        first = events[0]
+        if type(first).TARGET_STATUS is not None:
+            return events
+        assert self.builder is not None
+        return [ev.StepStarted(step=self.builder.step + 1), *events]
+
+    async def store_result_or_failure(self, success: ev.Event, failure: ev.Event) -> bool:
+        """Append ``success``; if its payload cannot be stored, append ``failure`` instead.
+
+        The effect already happened, so something must be recorded: an unstorable result
+        (NaN, NUL, too deep, too large) becomes a typed, storable failure, never a loop that
+        re-runs the effect (RELIABILITY.md finding 7). Returns whether ``success`` landed.
+        """
+        try:
+            await self.append([success])
+            return True
+        except InvalidPayload as error:
+            self.log.warning("unstorable_result", reason=str(error))
+            await self.append([failure])
+            return False
+
+    # ------------------------------------------------------------------ endings
+
+    def usage(self, *, planned_tool_calls: int = 0) -> Usage:
+        """Usage as the budget arithmetic sees it."""
+        state = self.state
+        return Usage(
+            steps=state.step, tokens=state.usage.input_tokens + state.usage.output_tokens,
+            runtime_s=self.runtime_s(), cost_usd=state.usage.cost_usd,
+            tool_calls=state.usage.tool_calls, attempts=state.attempts,
+        )
+
+    def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
+                     starting_step: bool = False) -> BudgetTrip | None:
+        """The budget tripped now, if any (steps only count when a new step would start)."""
+        state = self.state
+        budget = state.budget
+        usage = self.usage()
+        if not starting_step:
+            budget = ev.Budget(**{**_budget_fields(budget), "max_steps": None})
+        if not at_claim:
+            budget = ev.Budget(**{**_budget_fields(budget), "max_attempts": None})
+        return first_trip(budget, usage, planned_tool_calls=planned_tool_calls)
+
+    async def fail_budget(self, trip: BudgetTrip) -> None:
+        """Record the tripped budget and fail the task with a diagnostic; unwinds the agent."""
+        self.log.warning("budget_exceeded", budget=trip.budget, limit=trip.limit, used=trip.used)
+        await self.append([ev.BudgetExceeded(budget=trip.budget, limit=trip.limit,
+                                             used=trip.used)])
+        await self.fail("budget_exceeded", None, diagnostic_extra={
+            "budget": trip.budget, "limit": trip.limit, "used": trip.used})
+        raise Finished
+
+    async def fail(self, reason: str, error: BaseException | None,
+                   diagnostic_extra: dict[str, Any] | None = None) -> None:
+        """Record task_failed with the diagnostic report for the human it escalates to."""
+        diagnostic = await self._diagnostic(error, diagnostic_extra or {})
+        text = None if error is None else f"{type(error).__name__}: {error}"[:error_text_max]
+        await self.append([ev.TaskFailed(reason=reason, error=text, diagnostic=diagnostic)])
+        self.log.error("task_failed", reason=reason, error=text)
+
+    async def _diagnostic(self, error: BaseException | None,
+                          extra: dict[str, Any]) -> dict[str, Any]:
+        state = self.state
+        first = max(1, self.head_seq - diagnostic_events_max + 1)
+        last = await self.engine.store.read_events(self.task_id, from_seq=first,
+                                                   limit=diagnostic_events_max)
+        return {
+            **extra,
+            "error_type": None if error is None else type(error).__name__,
+            "attempts": state.attempts,
+            "step": state.step,
+            "usage": {"input_tokens": state.usage.input_tokens,
+                      "output_tokens": state.usage.output_tokens,
+                      "cost_usd": state.usage.cost_usd, "tool_calls": state.usage.tool_calls,
+                      "llm_calls": state.usage.llm_calls, "runtime_s": round(self.runtime_s(), 3)},
+            "budget": _budget_fields(state.budget),
+            "last_events": [{"seq": r.seq, "type": r.type} for r in last],
+        }
+
+    async def release_if_requested(self) -> None:
+        """At a durable point: if a graceful stop is under way, hand the task back."""
+        if self.suspend_requested and self.leased:
+            await self._release("worker shutting down")
+            raise Suspended
+
+    async def _release(self, reason: str) -> None:
+        await self.append([ev.TaskReleased(worker_id=self.worker.worker_id, reason=reason)])
+        await self.engine.database.fetch("SELECT pg_notify('wal_engine_wake', $1)", self.task_id)
+        self.log.info("task_released", reason=reason)
+
+    async def maybe_snapshot(self) -> None:
+        """Save a snapshot when the engine's policy says so (derived data, never required)."""
+        from wal_engine.resume import save_snapshot_if_due
+
+        policy = self.engine.snapshot_policy
+        if self.head_seq - self.last_snapshot_seq < max(1, policy.min_events):
+            return  # Cheap test first: the policy itself needs a copy of the state.
+        if await save_snapshot_if_due(self.engine.database, self.state, policy,
+                                      self.last_snapshot_seq):
+            self.last_snapshot_seq = self.head_seq
+
+    def adopt_append(self, event: ev.Event, result: Any) -> None:
+        """Take over an append made inside a caller's transaction (exactly-once effects)."""
+        assert self.builder is not None
+        self.builder.apply(event)
+        self._state_cache = None
+        self.head_seq, self.head_hash = result.head_seq, result.head_hash
+
+
+def is_internal(call: Any) -> bool:
+    """Whether a call record belongs to the engine's own waits, not to the agent's code."""
+    return bool(call.call_id.startswith(INTERNAL_PREFIX) or call.name.startswith(INTERNAL_PREFIX))
+
+
+def _budget_fields(budget: ev.Budget) -> dict[str, Any]:
+    return {name: getattr(budget, name) for name in budget.__struct_fields__}
+
+
+def is_terminal(status: Status | None) -> bool:
+    """Whether ``status`` is COMPLETED or FAILED."""
+    return status in TERMINAL

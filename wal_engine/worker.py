@@ -1,0 +1,289 @@
+"""Workers: claim due tasks, keep their leases, break dead workers' leases, shut down gently.
+
+A worker runs four loops under one owner that cancels them at shutdown:
+
+* claim: one ``FOR UPDATE SKIP LOCKED`` statement per batch takes QUEUED, RESUMING and due
+  WAITING tasks, bumping each lease epoch (the fencing token); woken by LISTEN/NOTIFY, a
+  finished task run, or the poll interval as the fallback;
+* heartbeat: on its own connection (so a busy pool cannot starve it, RELIABILITY.md D11),
+  one statement renews every lease the worker holds, each fenced by its epoch; a task
+  missing from the answer was lost and its run is stopped at once;
+* sweep: breaks leases not renewed in time (database clock): the task becomes RESUMING with
+  a ``task_orphaned`` event and a NOTIFY. It sleeps until the earliest lease expiry, so a
+  dead worker's task is picked up within milliseconds of its lease running out;
+* listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
+
+SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
+durable point, hands it back (RESUMING), and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import asyncpg
+import msgspec
+import structlog
+
+from wal_engine import failpoints
+from wal_engine.failpoints import SimulatedCrash
+from wal_engine.store import queries
+from wal_engine.store.connection import CONNECTION_ERRORS
+
+if TYPE_CHECKING:
+    from wal_engine.engine import Engine
+    from wal_engine.runtime import TaskRun
+
+log = structlog.get_logger(__name__)
+
+WAKE_CHANNEL: Final = "wal_engine_wake"
+reconnect_delay_max_s: Final = 5.0
+sweep_batch_max: Final = 100
+next_expiry_sql: Final = """
+SELECT extract(epoch FROM min(lease_expires_at) - now()) * 1000 AS wait_ms
+  FROM wal_tasks WHERE status IN ('RUNNING', 'CHECKPOINTED')
+"""
+
+
+class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Timings and sizes of a worker (defaults from DESIGN.md section 6).
+
+    Attributes:
+        concurrency: Most task runs at once.
+        lease_ttl_ms: A lease not renewed for this long is broken by any live worker.
+        heartbeat_ms: Interval of lease renewal; must be at most a third of the TTL.
+        poll_ms: Fallback claim interval when no NOTIFY arrives.
+        sweep_ms: Longest wait between two sweeps for expired leases.
+        drain_timeout_s: How long a graceful stop waits for runs to reach a durable point.
+    """
+
+    concurrency: int = 8
+    lease_ttl_ms: int = 45_000
+    heartbeat_ms: int = 15_000
+    poll_ms: int = 1_000
+    sweep_ms: int = 5_000
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.heartbeat_ms * 3 > self.lease_ttl_ms:
+            raise ValueError("heartbeat_ms must be at most lease_ttl_ms / 3 (RELIABILITY.md R6)")
+
+
+def new_worker_id() -> str:
+    """A worker id naming the host and process, unique per start."""
+    host = socket.gethostname().split(".")[0][:40] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Runs tasks of the engine's registered agents until stopped."""
+
+    def __init__(self, engine: Engine, config: WorkerConfig, worker_id: str | None = None):
+        self.engine = engine
+        self.config = config
+        self.worker_id = worker_id or new_worker_id()
+        self.runs: dict[str, TaskRun] = {}
+        self.draining = False
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._run_tasks: set[asyncio.Task[None]] = set()
+        self.log = log.bind(worker_id=self.worker_id)
+        self.claimed = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Graceful stop: no new claims; runs hand their tasks back at a durable point."""
+        if not self.draining:
+            self.log.info("worker_draining", running=len(self.runs))
+        self.draining = True
+        self._wake.set()
+
+    async def run(self, *, install_signal_handlers: bool = False,
+                  until_idle: bool = False) -> None:
+        """Work until :meth:`stop` (or SIGTERM when ``install_signal_handlers``).
+
+        With ``until_idle`` the worker returns once no task is running and none is due.
+        """
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            loop.add_signal_handler(signal.SIGTERM, self.stop)
+            loop.add_signal_handler(signal.SIGINT, self.stop)
+        loops = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._sweep_loop(), name="sweep"),
+            asyncio.create_task(self._listen_loop(), name="listen"),
+        ]
+        self.log.info("worker_started", concurrency=self.config.concurrency)
+        try:
+            await self._claim_loop(until_idle)
+            await self._drain()
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            if install_signal_handlers:
+                loop.remove_signal_handler(signal.SIGTERM)
+                loop.remove_signal_handler(signal.SIGINT)
+            self._stopped.set()
+            self.log.info("worker_stopped", claimed=self.claimed)
+
+    async def _drain(self) -> None:
+        if not self._run_tasks:
+            return
+        self.draining = True
+        for run in list(self.runs.values()):
+            run.request_suspend()
+        done, pending = await asyncio.wait(set(self._run_tasks),
+                                           timeout=self.config.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    # ------------------------------------------------------------------ claims
+
+    async def _claim_loop(self, until_idle: bool) -> None:
+        poll_s = self.config.poll_ms / 1000
+        while not self.draining:
+            self._wake.clear()
+            free = self.config.concurrency - len(self.runs)
+            claimed = 0
+            if free > 0:
+                claimed = await self._guarded(self._claim(free))
+            if until_idle and claimed == 0 and not self.runs:
+                return
+            if claimed == free and free > 0:
+                continue  # There may be more due work: claim again at once.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), poll_s)
+
+    async def _claim(self, free: int) -> int:
+        rows = await self.engine.database.fetch(
+            queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms
+        )
+        for row in rows:
+            self._start_run(row)
+        self.claimed += len(rows)
+        return len(rows)
+
+    def _start_run(self, row: Any) -> None:
+        from wal_engine.runtime import TaskRun
+
+        run = TaskRun(self.engine, self, row)
+        self.runs[run.task_id] = run
+        task = asyncio.create_task(self._execute(run), name=f"task:{run.task_id}")
+        self._run_tasks.add(task)
+        task.add_done_callback(self._run_tasks.discard)
+
+    async def _execute(self, run: TaskRun) -> None:
+        try:
+            failpoints.hit("after_claim")
+            await run.execute()
+        except SimulatedCrash as crash:
+            # The worker 'died' for this task: no cleanup write; its lease will expire.
+            run.log.warning("simulated_crash", point=str(crash))
+            run.leased = False
+        except Exception:
+            run.log.exception("task_run_crashed")
+        finally:
+            self.runs.pop(run.task_id, None)
+            self._wake.set()
+
+    async def _guarded(self, work: Awaitable[int]) -> int:
+        """Run one statement of a loop; a database outage is waited out, not fatal."""
+        try:
+            return await work
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
+            self.log.warning("worker_statement_failed", error=repr(error))
+            await asyncio.sleep(min(reconnect_delay_max_s, self.config.poll_ms / 1000))
+            return 0
+
+    # ------------------------------------------------------------------ leases
+
+    async def _heartbeat_loop(self) -> None:
+        interval_s = self.config.heartbeat_ms / 1000
+        await self._with_connection("heartbeat", interval_s, self._renew)
+
+    async def _renew(self, connection: asyncpg.Connection) -> None:
+        held = {task_id: run.epoch for task_id, run in self.runs.items() if run.leased}
+        if not held:
+            return
+        failpoints.hit("during_heartbeat")
+        rows = await connection.fetch(
+            queries.RENEW_LEASES, list(held), list(held.values()), self.config.lease_ttl_ms
+        )
+        renewed = {row["task_id"] for row in rows}
+        for task_id in held.keys() - renewed:
+            run = self.runs.get(task_id)
+            if run is not None and run.leased:
+                run.fence("lease not renewed: another worker owns the task")
+
+    async def _sweep_loop(self) -> None:
+        await self._with_connection("sweep", None, self._sweep)
+
+    async def _sweep(self, connection: asyncpg.Connection) -> float:
+        rows = await connection.fetch(queries.BREAK_LEASES, sweep_batch_max)
+        for row in rows:
+            self.log.warning("lease_broken", task_id=row["task_id"],
+                             previous_owner=row["previous_owner"],
+                             previous_epoch=row["previous_epoch"])
+        if rows:
+            self._wake.set()
+        wait_ms = await connection.fetchval(next_expiry_sql)
+        ceiling_s = self.config.sweep_ms / 1000
+        if wait_ms is None:
+            return ceiling_s
+        return max(0.001, min(ceiling_s, float(wait_ms) / 1000 + 0.001))
+
+    async def _listen_loop(self) -> None:
+        async def listen(connection: asyncpg.Connection) -> None:
+            await connection.add_listener(WAKE_CHANNEL, self._on_notify)
+            self._wake.set()  # Catch up on anything that became due while not listening.
+            await self._stopped.wait()
+
+        await self._with_connection("listen", None, listen)
+
+    def _on_notify(self, *_: object) -> None:
+        self._wake.set()
+
+    async def _with_connection(
+        self, role: str, interval_s: float | None,
+        step: Callable[[asyncpg.Connection], Awaitable[Any]],
+    ) -> None:
+        """Run ``step`` forever on a dedicated connection, reconnecting with backoff.
+
+        ``step`` returns the seconds to wait before its next call, or None to use
+        ``interval_s``.
+        """
+        delay_s = 0.05
+        while True:
+            try:
+                connection = await asyncpg.connect(
+                    self.engine.database.dsn,
+                    timeout=10,
+                    server_settings={"application_name": f"wal-engine:{self.worker_id}:{role}"},
+                )
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
+                self.log.warning("worker_connect_failed", role=role, error=repr(error))
+                await asyncio.sleep(delay_s)
+                delay_s = min(reconnect_delay_max_s, delay_s * 2)
+                continue
+            delay_s = 0.05
+            try:
+                while True:
+                    wait_s = await step(connection)
+                    await asyncio.sleep(wait_s if isinstance(wait_s, float) else interval_s or 1.0)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
+                self.log.warning("worker_connection_lost", role=role, error=repr(error))
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), 2)
