@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -73,3 +74,13 @@ async def database(database_dsn: str) -> AsyncIterator[Database]:
 async def store(database: Database) -> Store:
     """A store on the test's fresh database."""
     return Store(database)
+
+
+@pytest_asyncio.fixture
+async def engine(database_dsn: str) -> AsyncIterator[Any]:
+    """A wal-engine Engine on the test's fresh database."""
+    from wal_engine.engine import connect
+
+    connected = await connect(database_dsn, migrate=False, pool_size_max=10)
+    yield connected
+    await connected.close()

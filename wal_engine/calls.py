@@ -67,7 +67,7 @@ async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int |
     """Wait for a retry's due time: in memory if short, as a durable timer if long."""
     delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms()
     timer_id = f"{INTERNAL_PREFIX}retry:{call_id}:{attempt}"
-    timer = run.state.calls.get(timer_id)
+    timer = run.view.calls.get(timer_id)
     if timer is not None:
         if timer.status is CallStatus.PENDING:
             await run.append([ev.TimerFired(timer_id=timer_id)])
@@ -89,7 +89,7 @@ class ToolCaller:
         self.run = run
         self.spec = spec
 
-    async def run(self, outcome: Outcome, *, approval: bool) -> Any:
+    async def drive(self, outcome: Outcome, *, approval: bool) -> Any:
         """Drive the call from the journal's answer to its outcome."""
         if isinstance(outcome, Fresh):
             if approval:
@@ -218,7 +218,7 @@ class ToolCaller:
         """Wait until a human approved this exact call (tool and hash of its arguments)."""
         run, spec = self.run, self.spec
         signal_name = f"{INTERNAL_PREFIX}approval:{call_id}"
-        approval = run.state.approvals.get(call_id)
+        approval = run.view.approvals.get(call_id)
         if approval is None:
             await run.append([ev.ApprovalRequested(call_id=call_id, tool=spec.name,
                                                    args_hash=spec.args_hash,
@@ -266,7 +266,7 @@ class LlmCaller:
         self.run, self.model, self.function = run, model, function
         self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
 
-    async def run(self, outcome: Outcome) -> Any:
+    async def drive(self, outcome: Outcome) -> Any:
         """Drive the LLM call to its recorded response."""
         run = self.run
         if isinstance(outcome, Fresh):

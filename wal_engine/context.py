@@ -92,7 +92,7 @@ class AgentContext:
     @property
     def env(self) -> dict[str, str]:
         """The task's own environment variables (set with :meth:`set_env`)."""
-        return dict(self._run.state.env)
+        return dict(self._run.view.env)
 
     @property
     def epoch(self) -> int:
@@ -161,7 +161,7 @@ class AgentContext:
                          on_uncertain=on_uncertain, lookup=lookup)
         from wal_engine.calls import ToolCaller
 
-        return await ToolCaller(self._run, spec).run(outcome, approval=approval)
+        return await ToolCaller(self._run, spec).drive(outcome, approval=approval)
 
     async def llm(
         self,
@@ -183,7 +183,7 @@ class AgentContext:
         from wal_engine.calls import LlmCaller
 
         return await LlmCaller(self._run, model, function, request, hashed, retry,
-                               timeout_s).run(outcome)
+                               timeout_s).drive(outcome)
 
     async def now(self) -> float:
         """Seconds since the epoch, journaled: a replay sees the same value."""
@@ -237,7 +237,7 @@ class AgentContext:
     async def message(self, role: str, content: Any, *, name: str | None = None) -> None:
         """Add a message to the task's conversation history (once, even across re-runs)."""
         index = self._ordinal("message_appended") - 1
-        recorded = self._run.state.messages
+        recorded = self._run.view.messages
         if index < len(recorded):
             prior = recorded[index]
             if (prior.role, prior.content, prior.name) != (role, content, name):
@@ -250,7 +250,7 @@ class AgentContext:
         """A step boundary: status CHECKPOINTED, snapshot per policy; the next command opens
         the next step. If the worker is shutting down, the task is handed back here."""
         ordinal = self._ordinal("step_checkpointed")
-        if ordinal <= self._run.state.commands.get("step_checkpointed", 0):
+        if ordinal <= self._run.view.commands.get("step_checkpointed", 0):
             return
         self._run.check_live()
         trip = self._run.check_budget(starting_step=True)
@@ -263,20 +263,20 @@ class AgentContext:
 
     async def set_env(self, **values: str | None) -> None:
         """Set (or, with None, unset) the task's own environment variables."""
-        if self._ordinal("environment_set") <= self._run.state.commands.get("environment_set", 0):
+        if self._ordinal("environment_set") <= self._run.view.commands.get("environment_set", 0):
             return
         await self._run.append([ev.EnvironmentSet(values=values)])
 
     async def plan(self, nodes: list[ev.PlanNode]) -> None:
         """Record (or rewrite) the task's plan as a DAG of nodes."""
-        if self._ordinal("plan_updated") <= self._run.state.commands.get("plan_updated", 0):
+        if self._ordinal("plan_updated") <= self._run.view.commands.get("plan_updated", 0):
             return
         await self._run.append([ev.PlanUpdated(nodes=nodes)])
 
     async def complete_node(self, node_id: str) -> None:
         """Mark a node of the plan done (its dependencies must be done)."""
         ordinal = self._ordinal("plan_node_completed")
-        if ordinal <= self._run.state.commands.get("plan_node_completed", 0):
+        if ordinal <= self._run.view.commands.get("plan_node_completed", 0):
             return
         await self._run.append([ev.PlanNodeCompleted(node_id=node_id)])
 
@@ -307,7 +307,7 @@ class AgentContext:
 
     def finish_commands(self) -> None:
         """When the agent returns: it must have issued every recorded command."""
-        recorded = self._run.state.commands
+        recorded = self._run.view.commands
         for kind, count in recorded.items():
             if self._ordinals.get(kind, 0) < count:
                 raise _divergence(self._run, kind, None, f"{count} recorded")
@@ -333,7 +333,7 @@ def _recorded(outcome: Recorded) -> Any:
 
 def _divergence(run: TaskRun, kind: str, requested: str | None,
                 recorded: str | None) -> NonDeterminismError:
-    seq = run.state.last_seq
+    seq = run.view.last_seq
     return NonDeterminismError(
         seq=seq,
         recorded=None if recorded is None else CallSignature(kind=kind, name=recorded),
@@ -358,7 +358,7 @@ async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
 
 async def _unconsumed_signals(run: TaskRun, name: str, limit: int) -> list[Any]:
     return await run.engine.database.fetch(queries.READ_SIGNALS, run.task_id, name,
-                                           list(run.state.signal_ids), limit)
+                                           list(run.view.signal_ids), limit)
 
 
 async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:

@@ -191,3 +191,40 @@ class UndecodableEvent(CorruptionError):
         self.event_type = event_type
         self.seq = seq
         self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------
+# Replay, snapshots and forks.
+
+
+class ReplayError(CorruptionError):
+    """An event that is impossible in the state folded so far (the log breaks the rules)."""
+
+    def __init__(self, seq: int, reason: str, task_id: str | None = None) -> None:
+        who = "" if not task_id else f" of task {task_id!r}"
+        super().__init__(f"replay failed at seq {seq}{who}: {reason}")
+        self.seq = seq
+        self.reason = reason
+        self.task_id = task_id
+
+
+class SnapshotCorrupt(CorruptionError):
+    """A stored snapshot that does not decode or does not match the log it claims to fold."""
+
+    def __init__(self, task_id: str | None, seq: int | None, reason: str) -> None:
+        who = "" if task_id is None else f" of task {task_id!r}"
+        where = "" if seq is None else f" at seq {seq}"
+        super().__init__(f"snapshot{who}{where} is unusable: {reason}")
+        self.task_id = task_id
+        self.seq = seq
+        self.reason = reason
+
+
+class ForkPointInvalid(InvalidInput):
+    """A fork requested at a seq that does not exist or ends the history (terminal event)."""
+
+    def __init__(self, task_id: str, at_seq: int, reason: str) -> None:
+        super().__init__(f"cannot fork task {task_id!r} at seq {at_seq}: {reason}")
+        self.task_id = task_id
+        self.at_seq = at_seq
+        self.reason = reason

@@ -315,6 +315,62 @@ class TaskForked(Event, tag="task_forked", kw_only=True):
     parent_seq: int
 
 
+# --------------------------------------------------------------------------- LangGraph threads
+# Written by wal_engine.integrations.langgraph: one task per LangGraph thread. Channel values
+# and pending writes arrive already serialized by LangGraph's serializer; they are stored as
+# plain JSON (``{"j": value}`` for plain JSON values, else ``{"t": type, "b": base64}`` or
+# ``{"t": type, "z": base64 of zlib}``) and are never decoded by the engine itself.
+
+
+class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", kw_only=True):
+    """A LangGraph checkpoint: its skeleton, metadata and the channel values that changed.
+
+    ``checkpoint`` is the checkpoint without ``channel_values`` (id, ts, channel_versions,
+    versions_seen, ...); ``values`` holds only the channels listed in LangGraph's
+    ``new_versions``, channel -> ``{"v": version, ...encoded value}``. Unchanged channels are
+    read from the event that stored their current version, so a checkpoint's size does not
+    grow with the thread's history.
+    """
+
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    parent_checkpoint_id: str | None = None
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+
+
+class GraphWritesSaved(Event, tag="graph_writes_saved", kw_only=True):
+    """Pending writes of one LangGraph task against one checkpoint.
+
+    ``writes`` is a list of ``{"i": index, "c": channel, ...encoded value}``. ``upsert`` is
+    set when every write is a special channel (error, interrupt, ...): those replace an
+    earlier write at the same index, ordinary writes never do.
+    """
+
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    graph_task_id: str
+    task_path: str = ""
+    writes: list[Any] = []
+    upsert: bool = False
+
+
+class GraphCheckpointsRemoved(Event, tag="graph_checkpoints_removed", kw_only=True):
+    """A retention operation hid checkpoints recorded before this event.
+
+    ``operation`` is ``delete_thread``, ``prune_delete``, ``prune_keep_latest`` (``kept``
+    maps each namespace to the checkpoint it kept) or ``delete_for_runs`` (``run_ids``).
+    Nothing is erased: the events stay in the log and the chain verifies; readers no longer
+    see what the operation removed.
+    """
+
+    operation: str
+    run_ids: list[str] = []
+    kept: dict[str, str] = {}
+    checkpoints_removed: int = 0
+
+
 AnyEvent = (
     TaskSubmitted
     | TaskClaimed
@@ -347,6 +403,9 @@ AnyEvent = (
     | PlanNodeCompleted
     | BudgetExceeded
     | TaskForked
+    | GraphCheckpointSaved
+    | GraphWritesSaved
+    | GraphCheckpointsRemoved
 )
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {

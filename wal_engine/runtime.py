@@ -118,10 +118,16 @@ class TaskRun:
         return self._state_cache
 
     @property
+    def view(self) -> Any:
+        """The live folded state without a copy (read only, do not keep)."""
+        assert self.builder is not None
+        return self.builder.view
+
+    @property
     def status(self) -> Status | None:
         """The current status (cheap: no state copy)."""
         assert self.builder is not None
-        return self.builder.status
+        return self.builder.view.status
 
     def runtime_s(self) -> float:
         """Wall-clock runtime across all workers and restarts (database clock at claim)."""
@@ -229,7 +235,7 @@ class TaskRun:
         if type(first).TARGET_STATUS is not None:
             return events
         assert self.builder is not None
-        return [ev.StepStarted(step=self.builder.step + 1), *events]
+        return [ev.StepStarted(step=self.builder.view.step + 1), *events]
 
     async def store_result_or_failure(self, success: ev.Event, failure: ev.Event) -> bool:
         """Append ``success``; if its payload cannot be stored, append ``failure`` instead.
@@ -248,9 +254,10 @@ class TaskRun:
 
     # ------------------------------------------------------------------ endings
 
-    def usage(self, *, planned_tool_calls: int = 0) -> Usage:
-        """Usage as the budget arithmetic sees it."""
-        state = self.state
+    def usage(self) -> Usage:
+        """Usage as the budget arithmetic sees it (no copy of the state)."""
+        assert self.builder is not None
+        state = self.builder.view
         return Usage(
             steps=state.step, tokens=state.usage.input_tokens + state.usage.output_tokens,
             runtime_s=self.runtime_s(), cost_usd=state.usage.cost_usd,
@@ -260,8 +267,8 @@ class TaskRun:
     def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
                      starting_step: bool = False) -> BudgetTrip | None:
         """The budget tripped now, if any (steps only count when a new step would start)."""
-        state = self.state
-        budget = state.budget
+        assert self.builder is not None
+        budget = self.builder.view.budget
         usage = self.usage()
         if not starting_step:
             budget = ev.Budget(**{**_budget_fields(budget), "max_steps": None})
@@ -274,8 +281,8 @@ class TaskRun:
         self.log.warning("budget_exceeded", budget=trip.budget, limit=trip.limit, used=trip.used)
         await self.append([ev.BudgetExceeded(budget=trip.budget, limit=trip.limit,
                                              used=trip.used)])
-        await self.fail("budget_exceeded", None, diagnostic_extra={
-            "budget": trip.budget, "limit": trip.limit, "used": trip.used})
+        await self.fail("budget_exceeded", None, diagnostic_extra={"tripped": {
+            "budget": trip.budget, "limit": trip.limit, "used": trip.used}})
         raise Finished
 
     async def fail(self, reason: str, error: BaseException | None,

@@ -1,0 +1,481 @@
+"""``WalCheckpointSaver``: a LangGraph checkpointer whose storage is wal-engine's log.
+
+Each LangGraph thread is one wal-engine task (see :mod:`.thread_log` for the lease rules).
+``put`` appends a ``graph_checkpoint_saved`` event holding the checkpoint without its channel
+values, its metadata, and only the channel values whose version changed (LangGraph's
+``new_versions``), so storage per checkpoint does not grow with the thread's history.
+``put_writes`` appends a ``graph_writes_saved`` event. A thread therefore gets the log's hash
+chain, ``verify``, history and audit views for free.
+
+Retention on an append-only log
+-------------------------------
+``delete_thread``, ``prune`` and ``delete_for_runs`` append a ``graph_checkpoints_removed``
+event recording exactly what they remove and, in the same transaction, delete the removed
+checkpoints from the derived index tables that every read goes through. Readers no longer
+see them; the events themselves stay, so ``verify`` passes on the thread's task after every
+retention operation, and the log still shows what was removed, when and by whom. Physical
+erasure (for example of personal data) is deliberately not done here: it is a separate,
+audited archival step that removes or redacts a task's whole history outside the hot path.
+The index tables are derived data: replaying a task's events (checkpoints and writes add
+rows, each removal event drops the rows before it that it names) rebuilds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import orjson
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from wal_engine import events as vocabulary
+from wal_engine.integrations.langgraph import queries
+from wal_engine.integrations.langgraph.codec import (
+    ValueCodec,
+    next_version,
+    split_checkpoint,
+    thread_task_id,
+    version_key,
+)
+from wal_engine.integrations.langgraph.reading import (
+    StoredCheckpoint,
+    decode_row,
+    resolve_values,
+    to_tuple,
+    writes_events_max,
+)
+from wal_engine.integrations.langgraph.retention import Retention
+from wal_engine.integrations.langgraph.thread_log import ThreadLog
+from wal_engine.store import Database, Store
+
+list_page_checkpoints: Final = 100
+"""Checkpoints read per round trip by ``alist`` when no limit (or a larger one) is given."""
+
+list_checkpoints_max: Final = 1_000_000
+"""Most checkpoints one ``alist`` call yields."""
+
+
+def default_serde() -> SerializerProtocol:
+    """LangGraph's serializer restricted to its safe msgpack allowlist.
+
+    Stored data stays data: only the allowlisted types (messages, documents, dates, ...) and
+    the types of the graph's own state schema (which LangGraph adds through
+    ``with_allowlist`` when the graph is compiled) are ever constructed from a stored value;
+    pickle is never used.
+    """
+    return JsonPlusSerializer(allowed_msgpack_modules=None)
+
+
+def default_worker_id() -> str:
+    """``langgraph:<host>:<pid>:<random>``: who wrote, as recorded in claim events."""
+    return f"langgraph:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class WalCheckpointSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer storing every thread as a wal-engine task.
+
+    Use it like LangGraph's ``AsyncPostgresSaver``::
+
+        async with WalCheckpointSaver.from_dsn(dsn) as saver:
+            graph = builder.compile(checkpointer=saver)
+            await graph.ainvoke(inputs, {"configurable": {"thread_id": "t-1"}})
+
+    Args:
+        store: The wal-engine store to write to (its database must hold the schema).
+        serde: LangGraph serializer; defaults to :func:`default_serde`.
+        worker_id: This writer's identity in the log; defaults to :func:`default_worker_id`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        serde: SerializerProtocol | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        super().__init__(serde=serde or default_serde())
+        self.store = store
+        self.database = store.database
+        self.thread_log = ThreadLog(store, worker_id or default_worker_id())
+        self.retention = Retention(self.thread_log)
+        self._setup_done = False
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    @property
+    def _codec(self) -> ValueCodec:
+        # Built on use: LangGraph swaps ``serde`` on a shallow copy (``with_allowlist``).
+        return ValueCodec(self.serde, inline_json=isinstance(self.serde, JsonPlusSerializer))
+
+    @classmethod
+    @asynccontextmanager
+    async def from_dsn(
+        cls, dsn: str | None = None, *, serde: SerializerProtocol | None = None,
+        worker_id: str | None = None,
+    ) -> AsyncIterator[WalCheckpointSaver]:
+        """Open a pool on ``dsn`` (wal-engine's DSN rules), set up, yield a saver, close."""
+        database = await Database.open(dsn)
+        try:
+            saver = cls(Store(database), serde=serde, worker_id=worker_id)
+            await saver.setup()
+            yield saver
+        finally:
+            await database.close()
+
+    async def setup(self) -> None:
+        """Create the saver's index tables if missing (idempotent, safe to run concurrently)."""
+        async with self.database.pool.acquire() as connection:
+            async with connection.transaction():
+                await connection.execute(queries.SETUP_LOCK)
+                await connection.execute(queries.SETUP)
+        self._setup_done = True
+
+    async def _ready(self) -> None:
+        if not self._setup_done:
+            await self.setup()
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """A zero-padded counter and random hex (see :func:`codec.next_version`)."""
+        return next_version(current)
+
+    # ------------------------------------------------------------------ writes
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Append the checkpoint with the values of the channels in ``new_versions``.
+
+        Args:
+            config: Thread id, namespace and (as parent) the checkpoint it follows.
+            checkpoint: The checkpoint to store.
+            metadata: Its metadata (plain JSON).
+            new_versions: The channels whose values changed since the parent.
+
+        Returns:
+            The config of the stored checkpoint.
+        """
+        await self._ready()
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        namespace = configurable.get("checkpoint_ns", "")
+        codec = self._codec
+        channel_values = checkpoint["channel_values"]
+        values = {
+            channel: {"v": version, **codec.encode(channel_values[channel])}
+            for channel, version in new_versions.items()
+            if channel in channel_values
+        }
+        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
+        run_id = stored_metadata.get("run_id")
+        event = vocabulary.GraphCheckpointSaved(
+            checkpoint_ns=namespace,
+            checkpoint_id=checkpoint["id"],
+            parent_checkpoint_id=configurable.get("checkpoint_id"),
+            checkpoint=split_checkpoint(dict(checkpoint)),
+            metadata=stored_metadata,
+            values=values,
+        )
+        await self.thread_log.append(
+            str(thread_id), event, checkpoint_ns=namespace, checkpoint_id=checkpoint["id"],
+            run_id=None if run_id is None else str(run_id), channels=list(values),
+            version_keys=[version_key(entry["v"]) for entry in values.values()],
+        )
+        return {"configurable": {
+            "thread_id": thread_id, "checkpoint_ns": namespace, "checkpoint_id": checkpoint["id"],
+        }}
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Append one task's pending writes against a checkpoint (idempotent per index).
+
+        Args:
+            config: The checkpoint the writes belong to.
+            writes: ``(channel, value)`` pairs.
+            task_id: The LangGraph task that made them.
+            task_path: The task's path, which orders the writes of one step.
+        """
+        if not writes:
+            return
+        await self._ready()
+        configurable = config["configurable"]
+        codec = self._codec
+        entries = [
+            {"i": WRITES_IDX_MAP.get(channel, index), "c": channel, **codec.encode(value)}
+            for index, (channel, value) in enumerate(writes)
+        ]
+        upsert = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        namespace = configurable.get("checkpoint_ns", "")
+        checkpoint_id = configurable["checkpoint_id"]
+        event = vocabulary.GraphWritesSaved(
+            checkpoint_ns=namespace, checkpoint_id=checkpoint_id, graph_task_id=task_id,
+            task_path=task_path, writes=entries, upsert=upsert,
+        )
+        idxs = [int(entry["i"]) for entry in entries]
+        await self.thread_log.append(
+            str(configurable["thread_id"]), event, checkpoint_ns=namespace,
+            checkpoint_id=checkpoint_id, writer=task_id, idxs=idxs, dedup=not upsert,
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config``, or the newest of its namespace; None if absent.
+
+        Args:
+            config: Thread id, namespace and optionally the checkpoint id.
+
+        Returns:
+            The checkpoint tuple with its pending writes in ``writes_sort_key`` order.
+        """
+        await self._ready()
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        task_id = thread_task_id(str(thread_id))
+        row = await self.database.fetchrow(
+            queries.READ_CHECKPOINT, task_id, configurable.get("checkpoint_ns", ""),
+            get_checkpoint_id(config), writes_events_max, task_id=task_id,
+        )
+        if row is None:
+            return None
+        stored = [decode_row(row, task_id, thread_id)]
+        await resolve_values(self.database.fetch, stored)
+        return to_tuple(stored[0], self._codec)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # LangGraph's parameter name
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints newest first, filtered like LangGraph's Postgres saver.
+
+        Args:
+            config: Thread (and optionally namespace and checkpoint id); None for all threads.
+            filter: Metadata the checkpoints must contain (JSON containment).
+            before: Only checkpoints with an id before this config's checkpoint id.
+            limit: Most checkpoints to yield.
+
+        Yields:
+            Checkpoint tuples, paged :data:`list_page_checkpoints` at a time.
+        """
+        await self._ready()
+        remaining = list_checkpoints_max if limit is None else max(0, int(limit))
+        metadata_filter = None if not filter else orjson.dumps(filter).decode()
+        before_id = None if before is None else get_checkpoint_id(before)
+        cursor: tuple[str, str, str] | None = None
+        while remaining > 0:
+            page_size = min(remaining, list_page_checkpoints)
+            page = await self._list_page(config, metadata_filter, before_id, cursor, page_size)
+            for item in page:
+                yield to_tuple(item, self._codec)
+            remaining -= len(page)
+            if len(page) < page_size:
+                return
+            last = page[-1]
+            cursor = (last.event.checkpoint_id, last.task_id, last.event.checkpoint_ns)
+
+    async def _list_page(
+        self, config: RunnableConfig | None, metadata_filter: str | None,
+        before_id: str | None, cursor: tuple[str, str, str] | None, page_size: int,
+    ) -> list[StoredCheckpoint]:
+        """One page of ``alist``: rows decoded and values resolved (two round trips)."""
+        if config is None:
+            rows = await self.database.fetch(
+                queries.LIST_ALL, None, None, before_id, metadata_filter,
+                *(cursor or (None, None, None)), page_size, writes_events_max,
+            )
+            thread_ids = await self._thread_ids({row["task_id"] for row in rows})
+            stored = [decode_row(row, row["task_id"], thread_ids.get(row["task_id"]))
+                      for row in rows]
+        else:
+            configurable = config["configurable"]
+            thread_id = configurable["thread_id"]
+            task_id = thread_task_id(str(thread_id))
+            rows = await self.database.fetch(
+                queries.LIST_THREAD, task_id, configurable.get("checkpoint_ns"),
+                get_checkpoint_id(config), before_id, metadata_filter,
+                None if cursor is None else cursor[0], None if cursor is None else cursor[2],
+                page_size, writes_events_max, task_id=task_id,
+            )
+            stored = [decode_row(row, task_id, thread_id) for row in rows]
+        await resolve_values(self.database.fetch, stored)
+        return stored
+
+    async def _thread_ids(self, task_ids: set[str]) -> dict[str, str]:
+        if not task_ids:
+            return {}
+        rows = await self.database.fetch(queries.THREAD_IDS, sorted(task_ids))
+        return {row["task_id"]: row["thread_id"] for row in rows}
+
+    # ------------------------------------------------------------------ retention and copy
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Hide every checkpoint and write of the thread (a recorded retention event).
+
+        Args:
+            thread_id: The thread; a thread that does not exist is a no-op.
+        """
+        await self._ready()
+        await self.retention.delete_thread(str(thread_id), operation="delete_thread")
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Hide the checkpoints written by these runs, and their writes, in every thread.
+
+        Args:
+            run_ids: Run ids as found in checkpoint metadata (``run_id``).
+        """
+        await self._ready()
+        await self.retention.delete_for_runs([str(run_id) for run_id in run_ids])
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads: ``keep_latest`` keeps the newest checkpoint per namespace,
+        ``delete`` hides them all.
+
+        Args:
+            thread_ids: The threads to prune (missing ones are skipped).
+            strategy: ``"keep_latest"`` or ``"delete"``.
+
+        Raises:
+            TypeError: ``thread_ids`` is a single string.
+            ValueError: Unknown strategy.
+            NotImplementedError: ``keep_latest`` on a thread using a ``DeltaChannel``, whose
+                reconstruction needs the ancestors (as LangGraph's Postgres saver refuses).
+        """
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread ids, not a str")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy: {strategy!r}")
+        await self._ready()
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                await self.retention.delete_thread(str(thread_id), operation="prune_delete")
+            else:
+                await self.retention.keep_latest(str(thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy the source thread's visible checkpoints and writes onto the target thread.
+
+        The copy is one transaction on the target's task, which records the source task and
+        its head as its parent when the copy creates it. A missing source is a no-op.
+
+        Args:
+            source_thread_id: The thread to copy from.
+            target_thread_id: The thread to copy to.
+        """
+        await self._ready()
+        await self.retention.copy_thread(str(source_thread_id), str(target_thread_id))
+
+    # ------------------------------------------------------------------ sync bridges
+
+    def _sync(self, coroutine: Any) -> Any:
+        """Run a coroutine on the saver's loop from another thread and wait for it."""
+        loop = self.loop
+        if loop is None:
+            coroutine.close()
+            raise asyncio.InvalidStateError(
+                "WalCheckpointSaver was created outside an event loop: use its async methods"
+            )
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            coroutine.close()
+            raise asyncio.InvalidStateError(
+                "synchronous calls to WalCheckpointSaver are only allowed from another "
+                "thread; from the event loop use the async methods (await graph.ainvoke)"
+            )
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Sync bridge to :meth:`aget_tuple` (from a thread other than the saver's loop)."""
+        result: CheckpointTuple | None = self._sync(self.aget_tuple(config))
+        return result
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # LangGraph's parameter name
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Sync bridge to :meth:`alist`."""
+        iterator = self.alist(config, filter=filter, before=before, limit=limit)
+        while True:
+            try:
+                yield self._sync(anext(iterator))
+            except StopAsyncIteration:
+                return
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Sync bridge to :meth:`aput`."""
+        result: RunnableConfig = self._sync(
+            self.aput(config, checkpoint, metadata, new_versions)
+        )
+        return result
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Sync bridge to :meth:`aput_writes`."""
+        self._sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Sync bridge to :meth:`adelete_thread`."""
+        self._sync(self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Sync bridge to :meth:`adelete_for_runs`."""
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Sync bridge to :meth:`acopy_thread`."""
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Sync bridge to :meth:`aprune`."""
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
+
+__all__ = ["WalCheckpointSaver", "default_serde", "default_worker_id"]

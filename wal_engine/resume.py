@@ -1,0 +1,423 @@
+"""Resume, snapshots and forks: the I/O side of replay.
+
+**Resume** (:func:`resume`) returns the state a worker continues from, in one round trip
+for the common case: one statement returns the task's head, its latest snapshot (at or
+below the head, of the current format) and the first page of the events after it. Only a
+tail longer than one page costs more round trips (one per further page). A task with a
+snapshot is never read from seq 1. The folded state is checked against the head: same seq,
+same hash, same status; and the snapshot against the log: its hash is the stored hash of
+its seq.
+
+**Snapshots** (``wal_snapshots``) hold the full :class:`~replay.state.AgentState` at a seq,
+msgpack-encoded. They are derived data: any of them can be deleted and rebuilt from the
+log. The log rows of a step hold only that step's events, so the log grows by a constant
+per step; a snapshot, being the full state, grows with the history. Writing one at every
+checkpoint and keeping them all would store O(steps x state); :func:`save_snapshot`
+therefore keeps only the latest ``keep_latest`` snapshots of the task (a DELETE in the same
+statement), so snapshot storage stays at most ``keep_latest`` states per task. The write
+volume per snapshot is one state; :class:`SnapshotPolicy` spaces snapshots out (every
+checkpoint, every N events, never closer than M events) to bound it per event.
+
+**Forks** (:func:`fork`) start a new task from a prefix of another's history: the parent's
+events 1..at_seq, re-chained under the child's task id, the first one (``task_submitted``)
+naming the parent and the fork seq, then ``task_forked``; a prefix that leaves the task
+RUNNING or CHECKPOINTED gets ``task_released(reason="forked")`` and one left WAITING gets
+``task_woken(reason="forked")``, so every child is QUEUED or RESUMING: ready to be
+claimed, its agent code re-run against the journal. Copied events keep their type, version,
+payload bytes and idempotency key (a call in doubt at the fork point is retried under the
+parent's key, so the callee still deduplicates it); their epoch is reset to 0, since the
+parent's lease epochs mean nothing for the child, whose first claim takes epoch 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import msgspec
+import orjson
+
+from replay.fold import StateBuilder
+from replay.snapshot import STATE_FORMAT, decode_state, encode_state
+from replay.state import AgentState
+from replay.upcasting import UpcasterRegistry, upcasters
+from wal_engine import events as vocabulary
+from wal_engine import limits
+from wal_engine.chain import GENESIS_HASH, event_hash
+from wal_engine.errors import (
+    ForkPointInvalid,
+    ReplayError,
+    SnapshotCorrupt,
+    TaskAlreadyExists,
+    UnknownTask,
+)
+from wal_engine.ids import new_task_id, validate_task_id
+from wal_engine.state_machine import LEASED, TERMINAL, Status
+from wal_engine.store import Database, EventRecord, Store
+
+resume_page_events: Final = 2000
+"""Events fetched per round trip when a tail is folded (a bound on one statement)."""
+
+snapshots_kept_default: Final = 2
+"""Snapshots kept per task: the latest, and one spare."""
+
+# The head, the latest usable snapshot and the first page of the tail, in one statement
+# (one consistent MVCC snapshot). $2 is the snapshot format, $3 the page size.
+RESUME_HEAD: Final = """
+SELECT t.status, t.head_seq, t.head_hash, s.seq AS snapshot_seq, s.state,
+       (SELECT e.hash FROM wal_events e WHERE e.task_id = t.task_id AND e.seq = s.seq)
+           AS snapshot_hash,
+       tail.seqs, tail.types, tail.versions, tail.payloads, tail.hashes
+  FROM wal_tasks t
+  LEFT JOIN LATERAL (
+        SELECT seq, state FROM wal_snapshots
+         WHERE task_id = t.task_id AND seq <= t.head_seq AND state_format = $2
+         ORDER BY seq DESC
+         LIMIT 1
+  ) s ON true
+  LEFT JOIN LATERAL (
+        SELECT array_agg(x.seq ORDER BY x.seq) AS seqs, array_agg(x.type ORDER BY x.seq) AS types,
+               array_agg(x.version ORDER BY x.seq) AS versions,
+               array_agg(x.payload ORDER BY x.seq) AS payloads,
+               array_agg(x.hash ORDER BY x.seq) AS hashes
+          FROM (SELECT seq, type, version, payload, hash FROM wal_events
+                 WHERE task_id = t.task_id AND seq > coalesce(s.seq, 0) AND seq <= t.head_seq
+                 ORDER BY seq
+                 LIMIT $3) x
+  ) tail ON true
+ WHERE t.task_id = $1
+"""
+
+READ_TAIL: Final = """
+SELECT seq, type, version, payload, hash FROM wal_events
+ WHERE task_id = $1 AND seq > $2 AND seq <= $3
+ ORDER BY seq
+ LIMIT $4
+"""
+
+# Insert a snapshot (a second writer of the same seq wrote the same bytes: keep the first)
+# and delete the task's snapshots older than the newest $5 - 1 below it. In steady state
+# the DELETE removes at most one row.
+SAVE_SNAPSHOT: Final = """
+WITH inserted AS (
+    INSERT INTO wal_snapshots (task_id, seq, state, state_format)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (task_id, seq) DO NOTHING
+    RETURNING seq
+), kept AS (
+    SELECT seq FROM wal_snapshots
+     WHERE task_id = $1 AND seq < $2
+     ORDER BY seq DESC
+     LIMIT $5 - 1
+), pruned AS (
+    DELETE FROM wal_snapshots
+     WHERE task_id = $1 AND seq < $2 AND seq NOT IN (SELECT seq FROM kept)
+    RETURNING seq
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned) AS pruned
+"""
+
+DELETE_SNAPSHOTS: Final = "DELETE FROM wal_snapshots WHERE task_id = $1"
+
+LATEST_SNAPSHOT_SEQ: Final = """
+SELECT max(seq) AS seq FROM wal_snapshots WHERE task_id = $1 AND state_format = $2
+"""
+
+# A forked task: its head row (status reached through the legal walk in $4, which the insert
+# trigger checks from QUEUED) and its whole history, in one statement and one commit.
+FORK_TASK: Final = """
+WITH task AS (
+    INSERT INTO wal_tasks (task_id, agent, status, status_path, head_seq, head_hash, budget,
+                           parent_task_id, parent_seq, attempts)
+    VALUES ($1, $2, $3, $4::text[], $5, $6, $7::jsonb, $8, $9, $10)
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id
+), inserted AS (
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                            prev_hash, hash)
+    SELECT task.task_id, e.ord, e.type, e.version, 0, e.payload, e.idempotency_key,
+           e.prev_hash, e.hash
+      FROM task,
+           unnest($11::text[], $12::int2[], $13::bytea[], $14::text[], $15::bytea[],
+                  $16::bytea[])
+               WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash,
+                                    ord)
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('wal_engine_wake', task_id) FROM task
+)
+SELECT (SELECT count(*) FROM inserted) AS events, (SELECT count(*) FROM wake) AS notified
+"""
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """When a worker writes a snapshot, and how many it keeps.
+
+    Attributes:
+        on_checkpoint: Snapshot when the state is CHECKPOINTED (a step boundary).
+        every_events: Snapshot once this many events followed the last snapshot, at any
+            status (None: never for this reason). Bounds the tail a resume folds.
+        min_events: Never snapshot fewer than this many events after the last one; spaces
+            out "every checkpoint" for agents with tiny steps.
+        keep_latest: Snapshots kept per task (at least 1).
+    """
+
+    on_checkpoint: bool = True
+    every_events: int | None = 1000
+    min_events: int = 1
+    keep_latest: int = snapshots_kept_default
+
+    def due(self, state: AgentState, last_snapshot_seq: int) -> bool:
+        """Whether ``state`` should be snapshotted, the latest snapshot being at that seq."""
+        since = state.last_seq - last_snapshot_seq
+        if since < max(1, self.min_events):
+            return False
+        if self.every_events is not None and since >= self.every_events:
+            return True
+        return self.on_checkpoint and state.status is Status.CHECKPOINTED
+
+
+async def save_snapshot(
+    database: Database, state: AgentState, *, keep_latest: int = snapshots_kept_default
+) -> bool:
+    """Store ``state`` as the task's snapshot at ``state.last_seq``; prune older ones.
+
+    Keeps the ``keep_latest`` newest snapshots at or below this one (snapshots are derived
+    data). Returns False when a snapshot at that seq already existed.
+    """
+    if state.last_seq < 1:
+        raise ValueError("a snapshot needs a state at seq 1 or later")
+    rows = await database.fetch(
+        SAVE_SNAPSHOT, state.task_id, state.last_seq, encode_state(state), STATE_FORMAT,
+        max(1, keep_latest), task_id=state.task_id,
+    )
+    return bool(rows[0]["inserted"])
+
+
+async def save_snapshot_if_due(
+    database: Database, state: AgentState, policy: SnapshotPolicy, last_snapshot_seq: int
+) -> bool:
+    """Apply ``policy``: save a snapshot of ``state`` when one is due. Returns whether saved."""
+    if not policy.due(state, last_snapshot_seq):
+        return False
+    await save_snapshot(database, state, keep_latest=policy.keep_latest)
+    return True
+
+
+async def latest_snapshot_seq(database: Database, task_id: str) -> int:
+    """Seq of the task's latest usable snapshot, 0 when it has none."""
+    row = await database.fetchrow(LATEST_SNAPSHOT_SEQ, task_id, STATE_FORMAT, task_id=task_id)
+    return 0 if row is None or row["seq"] is None else int(row["seq"])
+
+
+async def delete_snapshots(database: Database, task_id: str) -> None:
+    """Drop every snapshot of a task (derived data; the next resume folds the whole log)."""
+    await database.fetch(DELETE_SNAPSHOTS, task_id, task_id=task_id)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+class ResumedState(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of a resume, with what it cost."""
+
+    state: AgentState
+    snapshot_seq: int | None
+    """Seq of the snapshot resumed from, or None when the whole log was folded."""
+    events_folded: int
+    round_trips: int
+
+
+async def resume(store: Store, task_id: str) -> AgentState:
+    """The state a worker continues ``task_id`` from: latest snapshot + fold of the tail.
+
+    Raises:
+        UnknownTask: no such task.
+        ReplayError: the log breaks the rules, or disagrees with the head.
+        SnapshotCorrupt: the latest snapshot does not decode or does not match the log.
+    """
+    return (await read_state(store, task_id)).state
+
+
+async def read_state(
+    store: Store,
+    task_id: str,
+    *,
+    registry: UpcasterRegistry = upcasters,
+    page_events: int = resume_page_events,
+    use_snapshot: bool = True,
+) -> ResumedState:
+    """Like :func:`resume`, and say where the state came from and what it cost.
+
+    ``use_snapshot=False`` folds the whole log (to check snapshots, or to measure).
+    """
+    page_events = max(1, min(page_events, limits.read_page_events * 10))
+    database = store.database
+    state_format = STATE_FORMAT if use_snapshot else 0  # No snapshot has format 0.
+    row = await database.fetchrow(RESUME_HEAD, task_id, state_format, page_events,
+                                  task_id=task_id)
+    if row is None:
+        raise UnknownTask(task_id)
+    start = _snapshot_state(task_id, row)
+    seqs: list[int] = row["seqs"] or []
+    items = list(zip(seqs, row["types"] or [], row["versions"] or [], row["payloads"] or [],
+                     row["hashes"] or [], strict=True))
+    builder = StateBuilder(start, task_id=task_id, registry=registry)
+    builder.extend(_decoded(items, registry))
+    folded, round_trips = len(items), 1
+    head_seq: int = row["head_seq"]
+    while len(items) == page_events and builder.last_seq < head_seq:
+        rows = await database.fetch(READ_TAIL, task_id, builder.last_seq, head_seq, page_events,
+                                    task_id=task_id)
+        items = [tuple(r) for r in rows]
+        builder.extend(_decoded(items, registry))
+        folded, round_trips = folded + len(items), round_trips + 1
+    state = builder.finish()
+    _check_head(state, row)
+    return ResumedState(state=state, snapshot_seq=None if start is None else start.last_seq,
+                        events_folded=folded, round_trips=round_trips)
+
+
+def _decoded(
+    items: list[Any], registry: UpcasterRegistry
+) -> Iterator[tuple[int, vocabulary.Event, bytes]]:
+    """Decode rows lazily, so that decoding runs inside the fold's GC pause."""
+    for seq, kind, version, payload, digest in items:
+        yield seq, registry.decode_record(kind, version, payload, seq), digest
+
+
+def _snapshot_state(task_id: str, row: Any) -> AgentState | None:
+    """Decode the snapshot of a RESUME_HEAD row and check it against the log."""
+    seq = row["snapshot_seq"]
+    if seq is None:
+        return None
+    state = decode_state(row["state"], task_id=task_id, seq=seq)
+    if state.task_id != task_id or state.last_seq != seq:
+        raise SnapshotCorrupt(task_id, seq, f"it holds task {state.task_id!r} at seq "
+                                            f"{state.last_seq}")
+    if state.last_hash and state.last_hash != row["snapshot_hash"]:
+        raise SnapshotCorrupt(task_id, seq, "its hash is not the log's hash at that seq")
+    return state
+
+
+def _check_head(state: AgentState, row: Any) -> None:
+    if state.last_seq != row["head_seq"]:
+        raise ReplayError(state.last_seq, f"the log ends at seq {state.last_seq}, the head "
+                                          f"says {row['head_seq']}", state.task_id)
+    if state.last_hash != row["head_hash"]:
+        raise ReplayError(state.last_seq, "the folded hash is not the head's hash", state.task_id)
+    if state.status != row["status"]:
+        raise ReplayError(state.last_seq, f"the log folds to {state.status}, the head says "
+                                          f"{row['status']}", state.task_id)
+
+
+# ----------------------------------------------------------------------------- fork
+
+
+class _ChildHistory:
+    """The child's events as rows to insert, chained under its id as they are added."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.types: list[str] = []
+        self.versions: list[int] = []
+        self.payloads: list[bytes] = []
+        self.keys: list[str | None] = []
+        self.prev_hashes: list[bytes] = []
+        self.hashes: list[bytes] = []
+        self.path: list[str] = []
+        self.builder = StateBuilder(task_id=task_id)
+
+    def add(self, kind: str, version: int, payload: bytes, key: str | None,
+            event: vocabulary.Event) -> None:
+        seq = len(self.types) + 1
+        previous = self.hashes[-1] if self.hashes else GENESIS_HASH
+        digest = event_hash(previous, self.task_id, seq, kind, version, 0, payload)
+        self.builder.apply(event, seq=seq, event_hash=digest)
+        self.types.append(kind)
+        self.versions.append(version)
+        self.payloads.append(payload)
+        self.keys.append(key)
+        self.prev_hashes.append(previous)
+        self.hashes.append(digest)
+        target = type(event).TARGET_STATUS
+        if target is not None and seq > 1:
+            self.path.append(target.value)
+
+    def add_event(self, event: vocabulary.Event) -> None:
+        kind, version, payload = vocabulary.encode_event(event)
+        self.add(kind, version, payload, getattr(event, "idempotency_key", None), event)
+
+
+async def fork(
+    store: Store,
+    task_id: str,
+    at_seq: int,
+    *,
+    child_task_id: str | None = None,
+    registry: UpcasterRegistry = upcasters,
+) -> str:
+    """Start a new task from ``task_id``'s history up to ``at_seq``; return its id.
+
+    The child is written in one statement (task row and every event, one commit) after the
+    prefix is read in pages. See the module docstring for what the child's history holds.
+
+    Raises:
+        UnknownTask: no such task.
+        ForkPointInvalid: ``at_seq`` is below 1, beyond the head, or a terminal event.
+        TaskAlreadyExists: ``child_task_id`` is taken.
+    """
+    child_id = validate_task_id(child_task_id) if child_task_id else new_task_id()
+    if at_seq < 1:
+        raise ForkPointInvalid(task_id, at_seq, "seqs start at 1")
+    prefix = [record async for record in store.stream_events(task_id, to_seq=at_seq)]
+    if not prefix:
+        await store.read_head(task_id)  # Raises UnknownTask.
+    if len(prefix) < at_seq:
+        raise ForkPointInvalid(task_id, at_seq, f"the history ends at seq {len(prefix)}")
+    child = _child_history(child_id, task_id, at_seq, prefix, registry)
+    await _insert_child(store.database, child, task_id, at_seq)
+    return child_id
+
+
+def _child_history(
+    child_id: str, task_id: str, at_seq: int, prefix: list[EventRecord],
+    registry: UpcasterRegistry,
+) -> _ChildHistory:
+    """Re-chain the prefix under ``child_id`` and append the fork's own events."""
+    child = _ChildHistory(child_id)
+    submitted = registry.decode_record(prefix[0].type, prefix[0].version, prefix[0].payload, 1)
+    if not isinstance(submitted, vocabulary.TaskSubmitted):
+        raise ReplayError(1, "the first event is not task_submitted", task_id)
+    child.add_event(msgspec.structs.replace(submitted, parent_task_id=task_id, parent_seq=at_seq))
+    for record in prefix[1:]:
+        event = registry.decode_record(record.type, record.version, record.payload, record.seq)
+        child.add(record.type, record.version, record.payload, record.idempotency_key, event)
+    status = child.builder.state().status
+    if status in TERMINAL:
+        raise ForkPointInvalid(task_id, at_seq, f"the task is {status} there; nothing follows")
+    child.add_event(vocabulary.TaskForked(parent_task_id=task_id, parent_seq=at_seq))
+    if status in LEASED:
+        child.add_event(vocabulary.TaskReleased(reason="forked"))
+    elif status is Status.WAITING:
+        child.add_event(vocabulary.TaskWoken(reason="forked"))
+    return child
+
+
+async def _insert_child(database: Database, child: _ChildHistory, task_id: str,
+                        at_seq: int) -> None:
+    state = child.builder.state()
+    assert state.status is not None
+    budget = orjson.dumps(msgspec.to_builtins(state.budget), option=orjson.OPT_SORT_KEYS)
+    row = await database.fetchrow(
+        FORK_TASK, child.task_id, state.agent, state.status.value, child.path or None,
+        state.last_seq, state.last_hash, budget.decode(), task_id, at_seq, state.attempts,
+        child.types, child.versions, child.payloads, child.keys, child.prev_hashes,
+        child.hashes, task_id=child.task_id,
+    )
+    if row is None or row["events"] != len(child.types):
+        raise TaskAlreadyExists(child.task_id)
+
