@@ -34,7 +34,10 @@ ON CONFLICT (key) DO UPDATE SET deliveries = demo_effects.deliveries + 1
 RETURNING deliveries
 """
 COUNT_APPLIED: Final = "UPDATE demo_effects SET applied = applied + 1 WHERE key = $1"
-EFFECT_TOTALS: Final = "SELECT tool, deliveries, applied FROM demo_effects ORDER BY tool"
+EFFECT_TOTALS: Final = """
+SELECT tool, deliveries, applied FROM demo_effects WHERE key LIKE 'idem:' || $1 || ':%'
+ ORDER BY tool
+"""
 
 
 class Question(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,3 +136,39 @@ def register(engine: Engine) -> None:
 async def prepare(engine: Engine) -> None:
     """Create the demo's effects table (idempotent)."""
     await engine.database.fetch(EFFECTS_TABLE)
+
+
+# ----------------------------------------------------------------------------- the show
+
+lease_ttl_ms: Final = 3_000
+heartbeat_ms: Final = 500
+phase_timeout_s: Final = 45.0
+
+
+async def run_worker(dsn: str, worker_id: str) -> None:
+    """A demo worker process: the demo agent, short leases, stops on SIGTERM."""
+    from wal_engine.engine import connect
+
+    engine = await connect(dsn)
+    try:
+        register(engine)
+        await prepare(engine)
+        worker = engine.worker(concurrency=4, worker_id=worker_id, lease_ttl_ms=lease_ttl_ms,
+                               heartbeat_ms=heartbeat_ms, poll_ms=200, sweep_ms=500)
+        await worker.run(install_signal_handlers=True)
+    finally:
+        await engine.close()
+
+
+def main() -> None:
+    """``python -m wal_engine.demo worker DSN WORKER_ID`` (used by the demo's subprocesses)."""
+    import asyncio
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "worker":
+        raise SystemExit("usage: python -m wal_engine.demo worker DSN WORKER_ID")
+    asyncio.run(run_worker(sys.argv[2], sys.argv[3]))
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,9 @@ AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 F = TypeVar("F", bound=AgentFunction)
 
 wait_poll_s_default: Final = 0.05
+recovery_attempts_max_default: Final = 20
+"""Claims of one task before it is failed as dead-lettered, when its budget sets no
+``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
 
 DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=200,
                                                 every_events=1000)
@@ -50,8 +53,10 @@ class Engine:
     """Connects agents to the log. Create with :func:`connect`."""
 
     def __init__(self, database: Database, *, payload_bytes_max: int,
-                 snapshot_policy: SnapshotPolicy | None = None) -> None:
+                 snapshot_policy: SnapshotPolicy | None = None,
+                 recovery_attempts_max: int = recovery_attempts_max_default) -> None:
         self.database = database
+        self.recovery_attempts_max = recovery_attempts_max
         self.snapshot_policy = snapshot_policy or DEFAULT_SNAPSHOT_POLICY
         self.store = Store(database, payload_bytes_max=payload_bytes_max)
         self.committer = GroupCommitter(self.store)

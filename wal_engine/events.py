@@ -325,11 +325,12 @@ class TaskForked(Event, tag="task_forked", kw_only=True):
 class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", kw_only=True):
     """A LangGraph checkpoint: its skeleton, metadata and the channel values that changed.
 
-    ``checkpoint`` is the checkpoint without ``channel_values`` (id, ts, channel_versions,
-    versions_seen, ...); ``values`` holds only the channels listed in LangGraph's
-    ``new_versions``, channel -> ``{"v": version, ...encoded value}``. Unchanged channels are
-    read from the event that stored their current version, so a checkpoint's size does not
-    grow with the thread's history.
+    ``checkpoint`` is the checkpoint without ``id`` (that is ``checkpoint_id``) and without
+    ``channel_values`` (ts, channel_versions, versions_seen, ...). ``values`` holds only the
+    channels whose value this event stores, channel -> ``{"v": version, ...encoded value}``;
+    ``refs`` maps every other channel that has a value to the seq of the earlier event of
+    this task whose ``values`` holds it. A checkpoint's size therefore does not grow with the
+    thread's history, and reading one needs the events it names, never a scan.
     """
 
     checkpoint_ns: str = ""
@@ -338,14 +339,15 @@ class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", kw_only=True):
     checkpoint: dict[str, Any]
     metadata: dict[str, Any] = {}
     values: dict[str, Any] = {}
+    refs: dict[str, int] = {}
 
 
 class GraphWritesSaved(Event, tag="graph_writes_saved", kw_only=True):
-    """Pending writes of one LangGraph task against one checkpoint.
+    """Pending writes of one LangGraph task against one checkpoint, as one ``put_writes`` call.
 
-    ``writes`` is a list of ``{"i": index, "c": channel, ...encoded value}``. ``upsert`` is
-    set when every write is a special channel (error, interrupt, ...): those replace an
-    earlier write at the same index, ordinary writes never do.
+    ``writes`` is a list of ``{"i": index, "c": channel, ...encoded value}``. Readers keep one
+    write per (task, index): the first one recorded, or the last one when ``upsert`` is set
+    (every write is a special channel: error, interrupt, ...), as LangGraph's savers do.
     """
 
     checkpoint_ns: str = ""

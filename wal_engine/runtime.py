@@ -28,6 +28,7 @@ from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
     ConcurrencyConflict,
+    CorruptionError,
     DatabaseUnavailable,
     InvalidPayload,
     LeaseLost,
@@ -141,7 +142,11 @@ class TaskRun:
         from wal_engine.resume import read_state
 
         definition = self.engine.agents.get(self.agent)
-        resumed = await read_state(self.engine.store, self.task_id)
+        try:
+            resumed = await read_state(self.engine.store, self.task_id)
+        except CorruptionError as error:
+            await self._quarantine(error)
+            return
         state = resumed.state
         self.last_snapshot_seq = resumed.snapshot_seq or 0
         if state.last_seq != self.head_seq:
@@ -269,6 +274,9 @@ class TaskRun:
         """The budget tripped now, if any (steps only count when a new step would start)."""
         assert self.builder is not None
         budget = self.builder.view.budget
+        if budget.max_attempts is None:
+            budget = ev.Budget(**{**_budget_fields(budget),
+                                  "max_attempts": self.engine.recovery_attempts_max})
         usage = self.usage()
         if not starting_step:
             budget = ev.Budget(**{**_budget_fields(budget), "max_steps": None})
@@ -311,6 +319,19 @@ class TaskRun:
             "budget": _budget_fields(state.budget),
             "last_events": [{"seq": r.seq, "type": r.type} for r in last],
         }
+
+    async def _quarantine(self, error: CorruptionError) -> None:
+        """The log cannot be folded (unknown type or version, broken rule): fail the task
+        with the reason instead of guessing (RELIABILITY.md B3), written without a fold."""
+        self.log.error("log_unreadable", error=str(error))
+        failed = ev.TaskFailed(reason="unreadable_log", error=str(error)[:error_text_max],
+                               diagnostic={"error_type": type(error).__name__})
+        try:
+            await self.engine.store.append_events(
+                self.task_id, [failed], epoch=self.epoch, expected_seq=self.head_seq,
+                prev_hash=self.head_hash)
+        except (LeaseLost, ConcurrencyConflict) as lost:
+            self.fence(str(lost))
 
     async def release_if_requested(self) -> None:
         """At a durable point: if a graceful stop is under way, hand the task back."""

@@ -431,3 +431,21 @@ async def _until_event(engine: Engine, task_id: str, kind: str, timeout_s: float
         while kind not in [r.type for r in await engine.history(task_id)]:
             await asyncio.sleep(0.02)
     await asyncio.wait_for(seen(), timeout_s)
+
+
+async def test_a_task_that_keeps_crashing_is_dead_lettered(engine: Engine) -> None:
+    """After the recovery-attempt bound, a task that kills every run fails with the reason."""
+    from wal_engine.failpoints import SimulatedCrash
+
+    runs = Counter[str]()
+
+    @engine.agent("doomed")
+    async def doomed(ctx: AgentContext, task_input: Any) -> Any:
+        runs["doomed"] += 1
+        raise SimulatedCrash("every run dies here")
+
+    engine.recovery_attempts_max = 3
+    task_id = await engine.submit("doomed")
+    state = await drive(engine, task_id)
+    assert state.status is Status.FAILED and state.budget_exceeded.budget == "max_attempts"
+    assert runs["doomed"] == 3 and state.attempts == 4

@@ -1,20 +1,24 @@
 """SQL of the LangGraph saver, as named constants (``$n`` parameters only).
 
-The log stays the only source of truth: every checkpoint, every pending write and every
-retention operation is an event in ``wal_events``, hash-chained like any other. Four small
-tables are *derived* index data, maintained in the same statement (or transaction) as the
-event they point to, so that a read touches a handful of rows instead of a thread's history:
+The log stays the only source of truth: every checkpoint, every ``put_writes`` call and
+every retention operation is an event in ``wal_events``, hash-chained like any other. Three
+small tables are *derived* index data, maintained in the same statement (or transaction) as
+the event they point to, so that a read touches a handful of rows, never a thread's history:
 
 ``wal_graph_threads``      task id -> LangGraph thread id (one row per thread).
 ``wal_graph_checkpoints``  (task, namespace, checkpoint id) -> seq of its
-                           ``graph_checkpoint_saved`` event, and the run that wrote it.
-``wal_graph_blobs``        (task, namespace, channel, version) -> seqs of the events that stored
-                           that version's value (a checkpoint stores only changed channels).
-``wal_graph_writes``       (task, namespace, checkpoint id) -> seqs of ``graph_writes_saved``
-                           events, with the writer's task id and write indexes (for dedup).
+                           ``graph_checkpoint_saved`` event, the seqs of the earlier events
+                           holding its unchanged channel values (``ref_seqs``), its run id.
+``wal_graph_writes``       (task, namespace, checkpoint id, seq) of each
+                           ``graph_writes_saved`` event.
 
-Retention operations delete rows of these index tables (never of ``wal_events``), in the
-same transaction as the ``graph_checkpoints_removed`` event that records them.
+Retention operations delete rows of these tables (never of ``wal_events``), in the same
+transaction as the ``graph_checkpoints_removed`` event that records them. Replaying a task's
+events rebuilds them: checkpoint and writes events add rows, each removal event drops the
+rows before it that it names.
+
+Statements with optional filters come in one variant per shape, so that PostgreSQL's
+generic plans of the prepared statements always use the primary keys.
 """
 
 from __future__ import annotations
@@ -34,52 +38,36 @@ CREATE TABLE IF NOT EXISTS wal_graph_checkpoints (
     checkpoint_id text NOT NULL,
     seq           bigint NOT NULL,
     run_id        text,
+    ref_seqs      bigint[] NOT NULL DEFAULT '{}',
     PRIMARY KEY (task_id, checkpoint_ns, checkpoint_id)
 );
 CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_run
     ON wal_graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS wal_graph_blobs (
-    task_id       text NOT NULL,
-    checkpoint_ns text NOT NULL,
-    channel       text NOT NULL,
-    version       text NOT NULL,
-    seq           bigint NOT NULL,
-    PRIMARY KEY (task_id, checkpoint_ns, channel, version, seq)
-);
 CREATE TABLE IF NOT EXISTS wal_graph_writes (
     task_id       text NOT NULL,
     checkpoint_ns text NOT NULL,
     checkpoint_id text NOT NULL,
     seq           bigint NOT NULL,
-    writer        text NOT NULL,
-    idxs          integer[] NOT NULL,
     PRIMARY KEY (task_id, checkpoint_ns, checkpoint_id, seq)
 );
 """
 
 # ----------------------------------------------------------------------------- appends
 
-# One event of a thread's task, appended under the saver's lease epoch, with its index rows,
+# One event of a thread's task, appended under the saver's lease epoch, with its index row,
 # in one statement and one commit. The database assigns the seq and computes the chain hash
 # (wal_event_hash, the same function as wal_engine/chain.py) under the task row's lock, so
 # concurrent appends of one epoch serialise on the row instead of failing on a stale head;
 # the epoch is the fence. Parameters:
 #   $1 task id   $2 epoch   $3 event type   $4 version   $5 payload
-#   $6 namespace $7 checkpoint id (NULL for retention events)   $8 run id
-#   $9, $10 channels and version keys of the values stored (checkpoints)
-#   $11 writer task id (writes only)   $12 write indexes   $13 dedup: when not NULL and the
-#   writer already stored these indexes for this checkpoint, nothing is appended.
-# Returns one row: the new seq (NULL if nothing was appended), whether it was a duplicate.
+#   $6 index row: 'checkpoint', 'writes' or NULL (retention events)
+#   $7 namespace   $8 checkpoint id   $9 run id   $10 seqs of the events holding its refs
+# Returns the new seq, or no row when the epoch is not the task's (fenced, or no task).
 APPEND_EVENT: Final = """
-WITH duplicate AS (
-    SELECT $13::int4[] IS NOT NULL AND EXISTS (
-               SELECT 1 FROM wal_graph_writes w
-                WHERE w.task_id = $1 AND w.checkpoint_ns = $6 AND w.checkpoint_id = $7
-                  AND w.writer = $11 AND w.idxs @> $13::int4[]) AS found
-), head AS (
-    SELECT t.head_seq, t.head_hash FROM wal_tasks t, duplicate
-     WHERE t.task_id = $1 AND t.lease_epoch = $2 AND NOT duplicate.found
-       FOR UPDATE OF t
+WITH head AS (
+    SELECT head_seq, head_hash FROM wal_tasks
+     WHERE task_id = $1 AND lease_epoch = $2
+       FOR UPDATE
 ), event AS (
     SELECT head_seq + 1 AS seq, head_hash AS prev_hash,
            wal_event_hash(head_hash, $1, head_seq + 1, $3, $4, $2, $5) AS hash
@@ -94,20 +82,16 @@ WITH duplicate AS (
     SELECT $1, event.seq, $3, $4, $2, $5, event.prev_hash, event.hash FROM event
     RETURNING seq
 ), checkpoint_row AS (
-    INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id)
-    SELECT $1, $6, $7, event.seq, $8 FROM event
-     WHERE $7::text IS NOT NULL AND $11::text IS NULL
+    INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id,
+                                       ref_seqs)
+    SELECT $1, $7, $8, event.seq, $9, $10::int8[] FROM event WHERE $6::text = 'checkpoint'
     ON CONFLICT (task_id, checkpoint_ns, checkpoint_id)
-    DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id
-), blob_rows AS (
-    INSERT INTO wal_graph_blobs (task_id, checkpoint_ns, channel, version, seq)
-    SELECT $1, $6, b.channel, b.version, event.seq
-      FROM event, unnest($9::text[], $10::text[]) AS b(channel, version)
+    DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id, ref_seqs = EXCLUDED.ref_seqs
 ), write_row AS (
-    INSERT INTO wal_graph_writes (task_id, checkpoint_ns, checkpoint_id, seq, writer, idxs)
-    SELECT $1, $6, $7, event.seq, $11, $12::int4[] FROM event WHERE $11::text IS NOT NULL
+    INSERT INTO wal_graph_writes (task_id, checkpoint_ns, checkpoint_id, seq)
+    SELECT $1, $7, $8, event.seq FROM event WHERE $6::text = 'writes'
 )
-SELECT (SELECT seq FROM appended) AS seq, (SELECT found FROM duplicate) AS duplicate
+SELECT seq FROM appended
 """
 
 # ----------------------------------------------------------------------------- leases
@@ -152,101 +136,73 @@ INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $2) ON CONFLICT D
 
 # ----------------------------------------------------------------------------- reads
 
-# The newest checkpoint of a namespace (uuid6 ids sort by time, as LangGraph relies on), or
-# one checkpoint by id when $3 is not NULL, with the writes stored against it.
-READ_CHECKPOINT: Final = """
-SELECT c.checkpoint_ns, c.checkpoint_id, c.seq, e.version, e.payload,
-       ARRAY(SELECT we.version FROM wal_graph_writes w
+# What every read returns per checkpoint: its row, its event, the events holding the values
+# of its unchanged channels (refs) and its writes events, as arrays of (seq, version, payload).
+_CHECKPOINT_COLUMNS: Final = """
+SELECT c.task_id, c.checkpoint_ns, c.checkpoint_id, c.seq, e.version, e.payload,
+       ARRAY(SELECT ROW(r.seq, r.version, r.payload) FROM wal_events r
+              WHERE r.task_id = c.task_id AND r.seq = ANY(c.ref_seqs)) AS refs,
+       ARRAY(SELECT ROW(we.seq, we.version, we.payload) FROM wal_graph_writes w
                JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
               WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
                 AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $4) AS write_versions,
-       ARRAY(SELECT we.payload FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
-                AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $4) AS write_payloads
+              ORDER BY w.seq
+              LIMIT {writes_limit}) AS writes
   FROM wal_graph_checkpoints c
   JOIN wal_events e ON e.task_id = c.task_id AND e.seq = c.seq
- WHERE c.task_id = $1 AND c.checkpoint_ns = $2 AND ($3::text IS NULL OR c.checkpoint_id = $3)
+"""
+
+# The newest checkpoint of a namespace (uuid6 ids sort by time, as LangGraph relies on).
+READ_LATEST: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$3") + """
+ WHERE c.task_id = $1 AND c.checkpoint_ns = $2
  ORDER BY c.checkpoint_id DESC
  LIMIT 1
 """
 
-# One page of a thread's checkpoints, newest first: namespace $2 (all when NULL), one id $3,
-# ids before $4, metadata containing $5, after the page cursor ($6 id, $7 namespace).
-LIST_THREAD: Final = """
-SELECT c.task_id, c.checkpoint_ns, c.checkpoint_id, c.seq, e.version, e.payload,
-       ARRAY(SELECT we.version FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
-                AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $9) AS write_versions,
-       ARRAY(SELECT we.payload FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
-                AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $9) AS write_payloads
-  FROM wal_graph_checkpoints c
-  JOIN wal_events e ON e.task_id = c.task_id AND e.seq = c.seq
- WHERE c.task_id = $1
-   AND ($2::text IS NULL OR c.checkpoint_ns = $2)
-   AND ($3::text IS NULL OR c.checkpoint_id = $3)
-   AND ($4::text IS NULL OR c.checkpoint_id < $4)
-   AND ($5::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $5::jsonb)
-   AND ($6::text IS NULL OR (c.checkpoint_id, c.checkpoint_ns) < ($6, $7::text))
- ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
- LIMIT $8
+READ_BY_ID: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$4") + """
+ WHERE c.task_id = $1 AND c.checkpoint_ns = $2 AND c.checkpoint_id = $3
 """
 
-# The same across every thread (``list(None, filter=...)``); cursor ($6 id, $7 task, $8 ns).
-LIST_ALL: Final = """
-SELECT c.task_id, c.checkpoint_ns, c.checkpoint_id, c.seq, e.version, e.payload,
-       ARRAY(SELECT we.version FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
-                AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $9) AS write_versions,
-       ARRAY(SELECT we.payload FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
-                AND w.checkpoint_id = c.checkpoint_id
-              ORDER BY w.seq LIMIT $9) AS write_payloads
+# Only what a put needs of its parent: the parent's event (values, refs, versions).
+READ_PARENT: Final = """
+SELECT c.seq, e.version, e.payload
   FROM wal_graph_checkpoints c
   JOIN wal_events e ON e.task_id = c.task_id AND e.seq = c.seq
- WHERE ($1::text IS NULL OR c.checkpoint_ns = $1)
-   AND ($2::text IS NULL OR c.checkpoint_id = $2)
+ WHERE c.task_id = $1 AND c.checkpoint_ns = $2 AND c.checkpoint_id = $3
+"""
+
+# A page of one namespace of a thread, newest first: ids below $3 (the ``before`` config or
+# the page cursor), metadata containing $4.
+LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+ WHERE c.task_id = $1 AND c.checkpoint_ns = $2
    AND ($3::text IS NULL OR c.checkpoint_id < $3)
    AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
-   AND ($5::text IS NULL
-        OR (c.checkpoint_id, c.task_id, c.checkpoint_ns) < ($5, $6::text, $7::text))
+ ORDER BY c.checkpoint_id DESC
+ LIMIT $5
+"""
+
+# A page of every namespace of a thread; cursor ($5 id, $6 namespace) of the last row.
+LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
+ WHERE c.task_id = $1
+   AND ($2::text IS NULL OR c.checkpoint_id < $2)
+   AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
+   AND ($4::text IS NULL OR (c.checkpoint_id, c.checkpoint_ns) < ($4, $5::text))
+ ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
+ LIMIT $6
+"""
+
+# A page across every thread (``list(None, ...)``); cursor ($3 id, $4 task, $5 namespace).
+LIST_ALL: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
+ WHERE ($1::text IS NULL OR c.checkpoint_id < $1)
+   AND ($2::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $2::jsonb)
+   AND ($3::text IS NULL
+        OR (c.checkpoint_id, c.task_id, c.checkpoint_ns) < ($3, $4::text, $5::text))
  ORDER BY c.checkpoint_id DESC, c.task_id DESC, c.checkpoint_ns DESC
- LIMIT $8
+ LIMIT $6
 """
 
 THREAD_IDS: Final = """
 SELECT task_id, thread_id FROM wal_graph_threads WHERE task_id = ANY($1::text[])
-"""
-
-# For each (task, namespace, channel, version key, checkpoint seq) asked: the newest event at
-# or before that checkpoint that stored the version, grouped by event, with the event itself.
-RESOLVE_VALUES: Final = """
-WITH found AS (
-    SELECT k.task_id, hit.seq, k.ord
-      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[])
-               WITH ORDINALITY AS k(task_id, checkpoint_ns, channel, version, before_seq, ord)
-      CROSS JOIN LATERAL (
-          SELECT b.seq FROM wal_graph_blobs b
-           WHERE b.task_id = k.task_id AND b.checkpoint_ns = k.checkpoint_ns
-             AND b.channel = k.channel AND b.version = k.version AND b.seq <= k.before_seq
-           ORDER BY b.seq DESC
-           LIMIT 1) AS hit
-), grouped AS (
-    SELECT task_id, seq, array_agg(ord) AS ords FROM found GROUP BY task_id, seq
-)
-SELECT g.task_id, g.seq, g.ords, e.version, e.payload
-  FROM grouped g
-  JOIN wal_events e ON e.task_id = g.task_id AND e.seq = g.seq
 """
 
 # ----------------------------------------------------------------------------- retention
@@ -267,8 +223,6 @@ SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, checkpoint_id, seq
 DELETE_THREAD_ROWS: Final = """
 WITH checkpoints AS (
     DELETE FROM wal_graph_checkpoints WHERE task_id = $1 AND seq < $2 RETURNING 1
-), blobs AS (
-    DELETE FROM wal_graph_blobs WHERE task_id = $1 AND seq < $2
 ), writes AS (
     DELETE FROM wal_graph_writes WHERE task_id = $1 AND seq < $2
 )
@@ -289,16 +243,6 @@ WITH removed AS (
        AND w.checkpoint_id = r.checkpoint_id
 )
 SELECT count(*) AS removed FROM removed
-"""
-
-# After keep_latest: index rows of values no kept checkpoint reads ($3..$6 are the ones read).
-PRUNE_VALUES: Final = """
-DELETE FROM wal_graph_blobs b
- WHERE b.task_id = $1 AND b.seq < $2
-   AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[], $5::text[], $6::int8[])
-                                AS k(ns, channel, version, seq)
-                    WHERE k.ns = b.checkpoint_ns AND k.channel = b.channel
-                      AND k.version = b.version AND k.seq = b.seq)
 """
 
 RUN_TASKS: Final = """

@@ -1,14 +1,17 @@
 """Read side of the saver: checkpoint rows -> LangGraph ``CheckpointTuple`` objects.
 
-A checkpoint event stores only the channels whose version changed. For every other channel
-the value is in the newest event at or before the checkpoint that stored that channel's
-version (``wal_graph_blobs``); :func:`resolve_values` finds those in one statement for a
-whole page of checkpoints, so reading is two round trips whatever the thread's length.
+A checkpoint event stores the channel values that changed (``values``) and, for every other
+channel with a value, the seq of the earlier event holding it (``refs``). Every read query
+returns, with each checkpoint, exactly those referenced events and the checkpoint's writes
+events, so a read is one round trip whatever the thread's length.
+
+A :data:`ChannelMap` (channel -> (version key, seq of the event holding the value)) is what a
+``put`` needs of its parent to store only what changed; reads hand it to the saver's cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -23,92 +26,80 @@ from langgraph.checkpoint.base import (
 
 from wal_engine import events as vocabulary
 from wal_engine.errors import CorruptionError
-from wal_engine.integrations.langgraph import queries
 from wal_engine.integrations.langgraph.codec import ValueCodec, version_key
-
-Fetch = Callable[..., Awaitable[list[Any]]]
-"""Runs one query with positional arguments and returns its rows."""
 
 writes_events_max: Final = 10_000
 """Most ``graph_writes_saved`` events read for one checkpoint."""
 
+ChannelMap = dict[str, tuple[str, int]]
+"""Channel -> (version key, seq of the event whose ``values`` holds that version's value)."""
+
 
 @dataclass(slots=True)
 class StoredCheckpoint:
-    """One checkpoint row with its decoded event and the writes stored against it."""
+    """One checkpoint: its decoded event, the entries of all its values, its writes."""
 
     task_id: str
     thread_id: Any
     seq: int
     event: vocabulary.GraphCheckpointSaved
     writes: list[vocabulary.GraphWritesSaved]
-    values: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Channel -> stored entry, filled by :func:`resolve_values`."""
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Channel -> stored entry (``{"v": version, ...encoded value}``)."""
     sources: dict[str, int] = field(default_factory=dict)
-    """Channel -> seq of the event its entry was read from."""
+    """Channel -> seq of the event the entry was read from."""
+
+    def channel_map(self) -> ChannelMap:
+        """Where each of this checkpoint's values is stored (for a child's ``put``)."""
+        return {channel: (version_key(entry.get("v")), self.sources[channel])
+                for channel, entry in self.entries.items()}
 
 
-def decode_row(row: Any, task_id: str, thread_id: Any) -> StoredCheckpoint:
-    """A ``READ_CHECKPOINT`` / ``LIST_*`` row decoded (fails closed on unknown versions)."""
-    seq = int(row["seq"])
-    event = vocabulary.decode_event("graph_checkpoint_saved", row["version"], row["payload"], seq)
+def decode_checkpoint(version: int, payload: bytes, seq: int) -> vocabulary.GraphCheckpointSaved:
+    """A stored ``graph_checkpoint_saved`` payload (fails closed on unknown versions)."""
+    event = vocabulary.decode_event("graph_checkpoint_saved", version, payload, seq)
     assert isinstance(event, vocabulary.GraphCheckpointSaved)
-    writes: list[vocabulary.GraphWritesSaved] = []
-    for version, payload in zip(row["write_versions"], row["write_payloads"], strict=True):
-        decoded = vocabulary.decode_event("graph_writes_saved", version, payload)
-        assert isinstance(decoded, vocabulary.GraphWritesSaved)
-        writes.append(decoded)
-    return StoredCheckpoint(task_id=task_id, thread_id=thread_id, seq=seq, event=event,
-                            writes=writes)
+    return event
 
 
-async def resolve_values(fetch: Fetch, stored: Sequence[StoredCheckpoint]) -> None:
-    """Fill each checkpoint's ``values`` (and ``sources``) for every channel it has a version of.
+def decode_row(row: Any, thread_id: Any) -> StoredCheckpoint:
+    """A checkpoint row of a read query, its values resolved through its refs."""
+    seq = int(row["seq"])
+    event = decode_checkpoint(row["version"], row["payload"], seq)
+    stored = StoredCheckpoint(task_id=row["task_id"], thread_id=thread_id, seq=seq,
+                              event=event, writes=[])
+    for channel, entry in event.values.items():
+        stored.entries[channel] = entry
+        stored.sources[channel] = seq
+    holders = {int(ref_seq): decode_checkpoint(ref_version, ref_payload, ref_seq)
+               for ref_seq, ref_version, ref_payload in row["refs"]}
+    for channel, ref_seq in event.refs.items():
+        holder = holders.get(ref_seq)
+        entry = None if holder is None else holder.values.get(channel)
+        if entry is None:
+            raise CorruptionError(
+                f"checkpoint at seq {seq} of task {row['task_id']!r} refers channel "
+                f"{channel!r} to seq {ref_seq}, which does not hold it"
+            )
+        stored.entries[channel] = entry
+        stored.sources[channel] = ref_seq
+    for write_seq, write_version, write_payload in row["writes"]:
+        writes = vocabulary.decode_event("graph_writes_saved", write_version, write_payload,
+                                         write_seq)
+        assert isinstance(writes, vocabulary.GraphWritesSaved)
+        stored.writes.append(writes)
+    return stored
 
-    ``fetch`` runs a query: ``Database.fetch`` on the pool, or a transaction's connection.
-    """
-    keys: list[tuple[int, str, str]] = []  # (checkpoint index, channel, version key)
-    task_ids: list[str] = []
-    namespaces: list[str] = []
-    channels: list[str] = []
-    version_keys: list[str] = []
-    before_seqs: list[int] = []
-    for index, item in enumerate(stored):
-        own = item.event.values
-        versions = item.event.checkpoint.get("channel_versions") or {}
-        for channel, version in versions.items():
-            key = version_key(version)
-            entry = own.get(channel)
-            if entry is not None and version_key(entry.get("v")) == key:
-                item.values[channel] = entry
-                item.sources[channel] = item.seq
-                continue
-            keys.append((index, channel, key))
-            task_ids.append(item.task_id)
-            namespaces.append(item.event.checkpoint_ns)
-            channels.append(channel)
-            version_keys.append(key)
-            before_seqs.append(item.seq)
-    if not keys:
-        return
-    rows = await fetch(
-        queries.RESOLVE_VALUES, task_ids, namespaces, channels, version_keys, before_seqs
-    )
-    for row in rows:
-        event = vocabulary.decode_event(
-            "graph_checkpoint_saved", row["version"], row["payload"], row["seq"]
-        )
-        assert isinstance(event, vocabulary.GraphCheckpointSaved)
-        for ordinal in row["ords"]:
-            index, channel, key = keys[ordinal - 1]
-            entry = event.values.get(channel)
-            if entry is None or version_key(entry.get("v")) != key:
-                raise CorruptionError(
-                    f"index points task {row['task_id']!r} seq {row['seq']} at channel "
-                    f"{channel!r} version {key!r}, which that event does not store"
-                )
-            stored[index].values[channel] = entry
-            stored[index].sources[channel] = int(row["seq"])
+
+def parent_map(seq: int, version: int, payload: bytes) -> ChannelMap:
+    """The channel map of a checkpoint from its own event alone (``READ_PARENT``)."""
+    event = decode_checkpoint(version, payload, seq)
+    versions = event.checkpoint.get("channel_versions") or {}
+    found: ChannelMap = {channel: (version_key(entry.get("v")), seq)
+                         for channel, entry in event.values.items()}
+    for channel, ref_seq in event.refs.items():
+        found[channel] = (version_key(versions.get(channel)), int(ref_seq))
+    return found
 
 
 def merge_writes(
@@ -133,7 +124,7 @@ def merge_writes(
 
 
 def to_tuple(item: StoredCheckpoint, codec: ValueCodec) -> CheckpointTuple:
-    """The LangGraph tuple of a stored checkpoint whose values were resolved."""
+    """The LangGraph tuple of a stored checkpoint."""
     event = item.event
     configurable = {
         "thread_id": item.thread_id,
@@ -141,10 +132,11 @@ def to_tuple(item: StoredCheckpoint, codec: ValueCodec) -> CheckpointTuple:
         "checkpoint_id": event.checkpoint_id,
     }
     stored_checkpoint: dict[str, Any] = dict(event.checkpoint)
+    stored_checkpoint["id"] = event.checkpoint_id
     stored_checkpoint["channel_values"] = {
-        channel: codec.decode(entry) for channel, entry in item.values.items()
+        channel: codec.decode(entry) for channel, entry in item.entries.items()
     }
-    # The stored skeleton is LangGraph's own checkpoint dict, values put back.
+    # The stored skeleton is LangGraph's own checkpoint dict, id and values put back.
     checkpoint = cast(Checkpoint, stored_checkpoint)
     parent: RunnableConfig | None = None
     if event.parent_checkpoint_id:
