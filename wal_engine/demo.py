@@ -76,11 +76,12 @@ def build_tools(engine: Engine) -> dict[str, Any]:
         if flaky and deliveries == 1:
             raise TransientError("upstream answered 503 (first delivery fails on purpose)")
 
-        async def effect() -> Any:
-            await database.fetch(COUNT_APPLIED, claim.key)
+        async def effect(connection: Any) -> Any:
+            # The service's effect and its dedup record commit together: once per key.
+            await connection.execute(COUNT_APPLIED, claim.key)
             return result
 
-        return await gateway.run_once(claim, effect)
+        return await gateway.run_in_transaction(claim, effect)
 
     async def web_search(args: dict[str, Any]) -> Any:
         return await act("web_search", [

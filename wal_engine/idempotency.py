@@ -1,5 +1,15 @@
 """The idempotency gateway: run an effect at most once per key, fenced by lease epoch.
 
+What "once" means depends on where the effect lives (RELIABILITY.md R3):
+
+* :meth:`IdempotencyGateway.run_in_transaction`, for effects on this database: the effect
+  and the key's record commit together, so the effect happens exactly once per key.
+* :meth:`IdempotencyGateway.run_once`, for effects elsewhere: once a key's result is
+  recorded, every later caller gets it without acting, and two live callers never act
+  concurrently. A holder that dies after acting but before recording leaves the key
+  ``running``; the next holder acts again (at-least-once across that crash), which is why
+  the key is also handed to the callee, who must deduplicate on it.
+
 A tool implementation (or a service in front of an external API) calls
 :meth:`IdempotencyGateway.run_once` with the key the engine handed it. The first caller
 claims the key (a row in ``wal_idempotency`` in state ``running``), runs the effect and
@@ -198,6 +208,8 @@ class IdempotencyGateway:
     ) -> T | Any:
         async with self.database.pool.acquire() as connection, connection.transaction():
             existing = await connection.fetchrow(READ_KEY, claim.key)
+            if existing is not None and existing["epoch"] > claim.epoch:
+                raise StaleEpoch(claim.key, claim.epoch, int(existing["epoch"]))
             if existing is not None and existing["state"] == "completed":
                 return payloads.decode_payload(existing["result"])
             await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,

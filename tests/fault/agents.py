@@ -44,11 +44,12 @@ def register(engine: Engine) -> None:
         if latency_s:
             await asyncio.sleep(latency_s)  # The remote service's latency.
 
-        async def act() -> Any:
-            await database.fetch(APPLIED, claim.key)
+        async def act(connection: Any) -> Any:
+            # The fake service's effect commits with its dedup record: exactly once per key.
+            await connection.execute(APPLIED, claim.key)
             return result
 
-        return await engine.gateway.run_once(claim, act)
+        return await engine.gateway.run_in_transaction(claim, act)
 
     async def gated(args: dict[str, Any]) -> Any:
         """Blocks the zombie worker until the test raises the flag, then acts."""
