@@ -33,8 +33,8 @@ from wal_engine.context import (
     wait_signal,
 )
 from wal_engine.errors import InvalidPayload
-from wal_engine.ids import idempotency_key
 from wal_engine.idempotency import Claim
+from wal_engine.ids import idempotency_key
 from wal_engine.retries import RetryPolicy, backoff_delay_s, should_retry
 from wal_engine.runtime import INTERNAL_PREFIX, Finished, Suspended
 from wal_engine.state_machine import Status
@@ -269,6 +269,7 @@ class LlmCaller:
     async def drive(self, outcome: Outcome) -> Any:
         """Drive the LLM call to its recorded response."""
         run = self.run
+        key: str | None
         if isinstance(outcome, Fresh):
             call_id, attempt = outcome.call_id, 1
             key = idempotency_key(run.task_id, _intent_seq(run))
@@ -281,6 +282,7 @@ class LlmCaller:
         else:
             assert isinstance(outcome, InDoubt) and outcome.idempotency_key is not None
             call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
+        assert key is not None
         return await self._attempts(call_id, key, attempt)
 
     async def _intend(self, call_id: str, key: str, attempt: int) -> None:
@@ -349,6 +351,7 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
     An in-doubt transaction call never committed (the result event would be in the log
     otherwise), so it is simply run again under the same key.
     """
+    key: str
     if isinstance(outcome, Fresh):
         call_id = outcome.call_id
         key = idempotency_key(run.task_id, _intent_seq(run))

@@ -68,7 +68,8 @@ async def run_demo(console: Console | None = None, dsn: str | None = None) -> bo
         demo.register(engine)
         await demo.prepare(engine)
         started = time.monotonic()
-        task_id = await engine.submit(demo.AGENT_NAME, {"question": "How do agents survive crashes?"})
+        task_id = await engine.submit(demo.AGENT_NAME,
+                                      {"question": "How do agents survive crashes?"})
         console.print(f"[bold]submitted[/] task {task_id}")
         worker_a = _spawn_worker(engine.database.dsn, "worker-A",
                                  "after_effect_before_result:2:sigkill")
@@ -130,7 +131,8 @@ async def _report(console: Console, engine: Engine, task_id: str, killed_code: i
                   f"({deliveries} deliveries), "
                   f"{'each exactly once' if exactly_once else 'NOT exactly once'}")
     state = await engine.state(task_id)
-    console.print(f"final status {state.status}; answer: {state.output['answer'] if state.output else None}")
+    answer = state.output["answer"] if state.output else None
+    console.print(f"final status {state.status}; answer: {answer}")
     ok = report.ok and exactly_once and killed_code == -signal.SIGKILL and \
         state.status is Status.COMPLETED
     console.print(f"demo {'passed' if ok else 'FAILED'} in {elapsed_s:.1f} s")

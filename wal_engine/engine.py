@@ -13,8 +13,8 @@ from wal_engine import limits
 from wal_engine.errors import ConfigurationError, InvalidInput
 from wal_engine.events import Budget
 from wal_engine.group_commit import GroupCommitter
-from wal_engine.ids import TaskId, new_task_id, validate_task_id
 from wal_engine.idempotency import IdempotencyGateway
+from wal_engine.ids import TaskId, new_task_id, validate_task_id
 from wal_engine.payloads import encode_payload
 from wal_engine.resume import SnapshotPolicy
 from wal_engine.state_machine import TERMINAL
@@ -23,7 +23,7 @@ from wal_engine.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
     from replay.state import AgentState
-    from wal_engine.runtime import AgentContext
+    from wal_engine.context import AgentContext
 
 log = structlog.get_logger(__name__)
 

@@ -170,7 +170,9 @@ class UnknownEventType(CorruptionError):
 class UnknownEventVersion(CorruptionError):
     """A stored event whose schema version this code cannot read (no upcaster path)."""
 
-    def __init__(self, event_type: str, version: int, supported: int, seq: int | None = None) -> None:
+    def __init__(
+        self, event_type: str, version: int, supported: int, seq: int | None = None
+    ) -> None:
         where = "" if seq is None else f" at seq {seq}"
         super().__init__(
             f"event {event_type!r} version {version}{where} cannot be read; "

@@ -55,7 +55,7 @@ class PlanNode(msgspec.Struct, frozen=True, kw_only=True):
 # --------------------------------------------------------------------------- transitions
 
 
-class TaskSubmitted(Event, tag="task_submitted", kw_only=True):
+class TaskSubmitted(Event, tag="task_submitted", frozen=True, kw_only=True):
     """The task exists: its agent, validated input and budget (always seq 1)."""
 
     TARGET_STATUS = Status.QUEUED
@@ -66,7 +66,7 @@ class TaskSubmitted(Event, tag="task_submitted", kw_only=True):
     parent_seq: int | None = None
 
 
-class TaskClaimed(Event, tag="task_claimed", kw_only=True):
+class TaskClaimed(Event, tag="task_claimed", frozen=True, kw_only=True):
     """A worker took a QUEUED task; the row's epoch is its fencing token."""
 
     TARGET_STATUS = Status.RUNNING
@@ -74,7 +74,7 @@ class TaskClaimed(Event, tag="task_claimed", kw_only=True):
     attempt: int = 1
 
 
-class TaskResumed(Event, tag="task_resumed", kw_only=True):
+class TaskResumed(Event, tag="task_resumed", frozen=True, kw_only=True):
     """A worker took a RESUMING task and rehydrates its state from the log."""
 
     TARGET_STATUS = Status.RUNNING
@@ -82,14 +82,14 @@ class TaskResumed(Event, tag="task_resumed", kw_only=True):
     attempt: int = 1
 
 
-class StepStarted(Event, tag="step_started", kw_only=True):
+class StepStarted(Event, tag="step_started", frozen=True, kw_only=True):
     """The next step after a checkpoint began."""
 
     TARGET_STATUS = Status.RUNNING
     step: int
 
 
-class StepCheckpointed(Event, tag="step_checkpointed", kw_only=True):
+class StepCheckpointed(Event, tag="step_checkpointed", frozen=True, kw_only=True):
     """A step boundary: everything before is durable; ``next_action`` is what comes next."""
 
     TARGET_STATUS = Status.CHECKPOINTED
@@ -97,7 +97,7 @@ class StepCheckpointed(Event, tag="step_checkpointed", kw_only=True):
     next_action: Any = None
 
 
-class TimerStarted(Event, tag="timer_started", kw_only=True):
+class TimerStarted(Event, tag="timer_started", frozen=True, kw_only=True):
     """The task sleeps durably until ``wake_at_ms`` (database clock, ms since the epoch)."""
 
     TARGET_STATUS = Status.WAITING
@@ -106,7 +106,7 @@ class TimerStarted(Event, tag="timer_started", kw_only=True):
     duration_ms: int
 
 
-class SignalAwaited(Event, tag="signal_awaited", kw_only=True):
+class SignalAwaited(Event, tag="signal_awaited", frozen=True, kw_only=True):
     """The task waits for a named signal, at most ``timeout_ms`` (database clock) if given."""
 
     TARGET_STATUS = Status.WAITING
@@ -114,14 +114,14 @@ class SignalAwaited(Event, tag="signal_awaited", kw_only=True):
     timeout_ms: int | None = None
 
 
-class TaskWoken(Event, tag="task_woken", kw_only=True):
+class TaskWoken(Event, tag="task_woken", frozen=True, kw_only=True):
     """A waiting task is due again: its timer fired, its signal arrived, or its wait timed out."""
 
     TARGET_STATUS = Status.RESUMING
     reason: str
 
 
-class TaskOrphaned(Event, tag="task_orphaned", kw_only=True):
+class TaskOrphaned(Event, tag="task_orphaned", frozen=True, kw_only=True):
     """The owner's lease expired (worker presumed dead); any worker may resume the task."""
 
     TARGET_STATUS = Status.RESUMING
@@ -129,7 +129,7 @@ class TaskOrphaned(Event, tag="task_orphaned", kw_only=True):
     previous_epoch: int = 0
 
 
-class TaskReleased(Event, tag="task_released", kw_only=True):
+class TaskReleased(Event, tag="task_released", frozen=True, kw_only=True):
     """The owner handed the task back on purpose (graceful shutdown, fork)."""
 
     TARGET_STATUS = Status.RESUMING
@@ -137,14 +137,14 @@ class TaskReleased(Event, tag="task_released", kw_only=True):
     reason: str = "shutdown"
 
 
-class TaskCompleted(Event, tag="task_completed", kw_only=True):
+class TaskCompleted(Event, tag="task_completed", frozen=True, kw_only=True):
     """The task finished with ``output``."""
 
     TARGET_STATUS = Status.COMPLETED
     output: Any = None
 
 
-class TaskFailed(Event, tag="task_failed", kw_only=True):
+class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):
     """The task failed; ``diagnostic`` is the report for the human it escalates to."""
 
     TARGET_STATUS = Status.FAILED
@@ -153,7 +153,7 @@ class TaskFailed(Event, tag="task_failed", kw_only=True):
     diagnostic: Any = None
 
 
-class TaskCancelled(Event, tag="task_cancelled", kw_only=True):
+class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):
     """The task was cancelled from outside; it is terminal (FAILED)."""
 
     TARGET_STATUS = Status.FAILED
@@ -164,7 +164,7 @@ class TaskCancelled(Event, tag="task_cancelled", kw_only=True):
 # --------------------------------------------------------------------------- observations
 
 
-class ToolCallIntended(Event, tag="tool_call_intended", kw_only=True):
+class ToolCallIntended(Event, tag="tool_call_intended", frozen=True, kw_only=True):
     """Write-ahead record of a tool call, committed before the call runs."""
 
     call_id: str
@@ -176,14 +176,14 @@ class ToolCallIntended(Event, tag="tool_call_intended", kw_only=True):
     attempt: int = 1
 
 
-class ToolCallCompleted(Event, tag="tool_call_completed", kw_only=True):
+class ToolCallCompleted(Event, tag="tool_call_completed", frozen=True, kw_only=True):
     """The recorded result of an intended tool call."""
 
     call_id: str
     result: Any = None
 
 
-class ToolCallFailed(Event, tag="tool_call_failed", kw_only=True):
+class ToolCallFailed(Event, tag="tool_call_failed", frozen=True, kw_only=True):
     """One failed attempt of a tool call; ``retry_at_ms`` set when another attempt follows."""
 
     call_id: str
@@ -194,14 +194,14 @@ class ToolCallFailed(Event, tag="tool_call_failed", kw_only=True):
     retry_at_ms: int | None = None
 
 
-class ToolCallUncertain(Event, tag="tool_call_uncertain", kw_only=True):
+class ToolCallUncertain(Event, tag="tool_call_uncertain", frozen=True, kw_only=True):
     """A non-idempotent call was in doubt after a crash; it is escalated, never re-run."""
 
     call_id: str
     policy: str
 
 
-class LlmCallIntended(Event, tag="llm_call_intended", kw_only=True):
+class LlmCallIntended(Event, tag="llm_call_intended", frozen=True, kw_only=True):
     """Write-ahead record of an LLM call."""
 
     call_id: str
@@ -212,7 +212,7 @@ class LlmCallIntended(Event, tag="llm_call_intended", kw_only=True):
     attempt: int = 1
 
 
-class LlmCallCompleted(Event, tag="llm_call_completed", kw_only=True):
+class LlmCallCompleted(Event, tag="llm_call_completed", frozen=True, kw_only=True):
     """The journaled LLM response and its token usage, so replay never pays twice."""
 
     call_id: str
@@ -222,7 +222,7 @@ class LlmCallCompleted(Event, tag="llm_call_completed", kw_only=True):
     cost_usd: float = 0.0
 
 
-class LlmCallFailed(Event, tag="llm_call_failed", kw_only=True):
+class LlmCallFailed(Event, tag="llm_call_failed", frozen=True, kw_only=True):
     """One failed attempt of an LLM call."""
 
     call_id: str
@@ -233,7 +233,7 @@ class LlmCallFailed(Event, tag="llm_call_failed", kw_only=True):
     retry_at_ms: int | None = None
 
 
-class MessageAppended(Event, tag="message_appended", kw_only=True):
+class MessageAppended(Event, tag="message_appended", frozen=True, kw_only=True):
     """One message added to the agent's conversation history."""
 
     role: str
@@ -241,13 +241,13 @@ class MessageAppended(Event, tag="message_appended", kw_only=True):
     name: str | None = None
 
 
-class TimerFired(Event, tag="timer_fired", kw_only=True):
+class TimerFired(Event, tag="timer_fired", frozen=True, kw_only=True):
     """A durable timer came due."""
 
     timer_id: str
 
 
-class SignalReceived(Event, tag="signal_received", kw_only=True):
+class SignalReceived(Event, tag="signal_received", frozen=True, kw_only=True):
     """A signal from the inbox was delivered to the task."""
 
     name: str
@@ -255,7 +255,7 @@ class SignalReceived(Event, tag="signal_received", kw_only=True):
     signal_id: int
 
 
-class ApprovalRequested(Event, tag="approval_requested", kw_only=True):
+class ApprovalRequested(Event, tag="approval_requested", frozen=True, kw_only=True):
     """A human must approve the exact planned call (tool and hash of its canonical args)."""
 
     call_id: str
@@ -264,7 +264,7 @@ class ApprovalRequested(Event, tag="approval_requested", kw_only=True):
     signal_name: str
 
 
-class ApprovalDecided(Event, tag="approval_decided", kw_only=True):
+class ApprovalDecided(Event, tag="approval_decided", frozen=True, kw_only=True):
     """The audited answer to an approval request: who decided, on which call."""
 
     call_id: str
@@ -274,7 +274,7 @@ class ApprovalDecided(Event, tag="approval_decided", kw_only=True):
     comment: str | None = None
 
 
-class ValueRecorded(Event, tag="value_recorded", kw_only=True):
+class ValueRecorded(Event, tag="value_recorded", frozen=True, kw_only=True):
     """A non-deterministic value (clock, random) journaled so replay sees the same value."""
 
     call_id: str
@@ -282,25 +282,25 @@ class ValueRecorded(Event, tag="value_recorded", kw_only=True):
     value: Any = None
 
 
-class EnvironmentSet(Event, tag="environment_set", kw_only=True):
+class EnvironmentSet(Event, tag="environment_set", frozen=True, kw_only=True):
     """The task's own environment variables changed (a None value unsets one)."""
 
     values: dict[str, str | None]
 
 
-class PlanUpdated(Event, tag="plan_updated", kw_only=True):
+class PlanUpdated(Event, tag="plan_updated", frozen=True, kw_only=True):
     """The plan DAG was (re)written; completed nodes are kept."""
 
     nodes: list[PlanNode]
 
 
-class PlanNodeCompleted(Event, tag="plan_node_completed", kw_only=True):
+class PlanNodeCompleted(Event, tag="plan_node_completed", frozen=True, kw_only=True):
     """A node of the plan DAG is done."""
 
     node_id: str
 
 
-class BudgetExceeded(Event, tag="budget_exceeded", kw_only=True):
+class BudgetExceeded(Event, tag="budget_exceeded", frozen=True, kw_only=True):
     """A budget tripped: which one, its limit and what was used. A TaskFailed follows."""
 
     budget: str
@@ -308,7 +308,7 @@ class BudgetExceeded(Event, tag="budget_exceeded", kw_only=True):
     used: float
 
 
-class TaskForked(Event, tag="task_forked", kw_only=True):
+class TaskForked(Event, tag="task_forked", frozen=True, kw_only=True):
     """This task continues a prefix of another task's history."""
 
     parent_task_id: str
@@ -322,7 +322,7 @@ class TaskForked(Event, tag="task_forked", kw_only=True):
 # ``{"t": type, "z": base64 of zlib}``) and are never decoded by the engine itself.
 
 
-class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", kw_only=True):
+class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", frozen=True, kw_only=True):
     """A LangGraph checkpoint: its skeleton, metadata and the channel values that changed.
 
     ``checkpoint`` is the checkpoint without ``id`` (that is ``checkpoint_id``) and without
@@ -342,7 +342,7 @@ class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", kw_only=True):
     refs: dict[str, int] = {}
 
 
-class GraphWritesSaved(Event, tag="graph_writes_saved", kw_only=True):
+class GraphWritesSaved(Event, tag="graph_writes_saved", frozen=True, kw_only=True):
     """Pending writes of one LangGraph task against one checkpoint, as one ``put_writes`` call.
 
     ``writes`` is a list of ``{"i": index, "c": channel, ...encoded value}``. Readers keep one
@@ -358,7 +358,7 @@ class GraphWritesSaved(Event, tag="graph_writes_saved", kw_only=True):
     upsert: bool = False
 
 
-class GraphCheckpointsRemoved(Event, tag="graph_checkpoints_removed", kw_only=True):
+class GraphCheckpointsRemoved(Event, tag="graph_checkpoints_removed", frozen=True, kw_only=True):
     """A retention operation hid checkpoints recorded before this event.
 
     ``operation`` is ``delete_thread``, ``prune_delete``, ``prune_keep_latest`` (``kept``
@@ -411,8 +411,8 @@ AnyEvent = (
 )
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+    cls.__struct_config__.tag: cls
+    for cls in AnyEvent.__args__
 }
 """The closed vocabulary: tag -> class. Decoding never looks anywhere else."""
 

@@ -65,7 +65,7 @@ def arm_from_environment() -> None:
     """Arm what ``ENGINE_FAILPOINT`` names (``name:nth:action``, comma-separated)."""
     spec = os.environ.get(ENV, "")
     for item in filter(None, spec.split(",")):
-        name, nth, action = (item.split(":") + ["1", "sigkill"])[:3]
+        name, nth, action = [*item.split(":"), "1", "sigkill"][:3]
         arm(name, int(nth), action)
 
 

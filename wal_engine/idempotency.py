@@ -85,7 +85,9 @@ class StaleEpoch(WalError):
     """A caller holding an older lease epoch than the key's holder tried to act."""
 
     def __init__(self, key: str, epoch: int, recorded_epoch: int) -> None:
-        super().__init__(f"key {key!r}: epoch {epoch} is older than recorded epoch {recorded_epoch}")
+        super().__init__(
+            f"key {key!r}: epoch {epoch} is older than recorded epoch {recorded_epoch}"
+        )
         self.key = key
         self.epoch = epoch
         self.recorded_epoch = recorded_epoch

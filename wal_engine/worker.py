@@ -143,7 +143,7 @@ class Worker:
         self.draining = True
         for run in list(self.runs.values()):
             run.request_suspend()
-        done, pending = await asyncio.wait(set(self._run_tasks),
+        _, pending = await asyncio.wait(set(self._run_tasks),
                                            timeout=self.config.drain_timeout_s)
         for task in pending:
             task.cancel()

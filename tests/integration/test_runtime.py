@@ -177,8 +177,8 @@ async def test_each_budget_trips_at_its_limit(engine: Engine, budget: Budget, na
     @engine.agent("loop")
     async def loop(ctx: AgentContext, task_input: Any) -> Any:
         for i in range(10):
-            await ctx.llm("m", lambda r: LlmResponse(content=i, input_tokens=4, output_tokens=2,
-                                                    cost_usd=0.01), {"i": i})
+            await ctx.llm("m", lambda r: LlmResponse(content=r["i"], input_tokens=4,
+                                                    output_tokens=2, cost_usd=0.01), {"i": i})
             await ctx.tool("t", effects.tool("t"), {"i": i})
             await ctx.checkpoint()
         return "never"

@@ -130,7 +130,9 @@ async def test_any_tampered_byte_is_found_at_its_seq(
     assert report.violation is not None and report.violation.seq == seq
 
 
-async def _superuser_update(store: Store, task_id: str, seq: int, column: str, value: bytes) -> None:
+async def _superuser_update(
+    store: Store, task_id: str, seq: int, column: str, value: bytes
+) -> None:
     """Rewrite one stored value with the append-only trigger disabled, as a superuser can."""
     async with store.database.pool.acquire() as connection, connection.transaction():
         await connection.execute("ALTER TABLE wal_events DISABLE TRIGGER wal_events_append_only")

@@ -26,7 +26,7 @@ from wal_engine.errors import (
 )
 from wal_engine.ids import validate_task_id
 from wal_engine.state_machine import Status, check_path
-from wal_engine.store import queries, sqlstate
+from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
 
@@ -232,7 +232,9 @@ class Store:
             raise await self._rejection(task_id, epoch, expected_seq)
         return _accepted(task_id, expected_seq, len(events), batch)
 
-    async def append_many(self, appends: Sequence[PendingAppend]) -> dict[str, AppendResult | WalError]:
+    async def append_many(
+        self, appends: Sequence[PendingAppend]
+    ) -> dict[str, AppendResult | WalError]:
         """Group commit: many tasks' batches in one statement and one commit.
 
         Each task is fenced on its own; the result maps each task id to its new head or to
