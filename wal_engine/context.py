@@ -16,7 +16,7 @@ import inspect
 import random as random_module
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 

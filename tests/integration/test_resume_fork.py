@@ -1,0 +1,351 @@
+"""Resume, snapshots and forks against PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from replay import AgentState, UpcasterRegistry, encode_state, fold
+from replay.snapshot import STATE_FORMAT
+from tests.helpers import claim
+from tests.strategies import histories
+from wal_engine import events as ev
+from wal_engine.errors import (
+    ForkPointInvalid,
+    ReplayError,
+    SnapshotCorrupt,
+    TaskAlreadyExists,
+    UnknownTask,
+)
+from wal_engine.resume import (
+    delete_snapshots,
+    fork,
+    latest_snapshot_seq,
+    read_state,
+    resume,
+    save_snapshot,
+)
+from wal_engine.state_machine import Status
+from wal_engine.store import Database, Store
+
+_numbers = itertools.count()
+few_examples = settings(max_examples=8, deadline=None,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                               HealthCheck.too_slow])
+
+
+def steps(count: int) -> list[ev.Event]:
+    """``count`` agent steps: messages, an LLM call, a tool call and a checkpoint each."""
+    out: list[ev.Event] = []
+    for n in range(count):
+        out += [
+            ev.MessageAppended(role="user", content=f"question {n}"),
+            ev.LlmCallIntended(call_id=f"l{n}", model="m", request_hash="h",
+                               idempotency_key=f"k{n}"),
+            ev.LlmCallCompleted(call_id=f"l{n}", response={"text": f"answer {n}"},
+                                input_tokens=10, output_tokens=5, cost_usd=0.01),
+            ev.ToolCallIntended(call_id=f"t{n}", tool="search", args={"n": n}, args_hash="a",
+                                idempotency_key=f"i{n}"),
+            ev.ToolCallCompleted(call_id=f"t{n}", result={"rows": [n]}),
+            ev.StepCheckpointed(step=n, next_action={"after": n}),
+            ev.StepStarted(step=n + 1),
+        ]
+    return out
+
+
+async def seeded(store: Store, events: list[ev.Event], *, submitted: ev.TaskSubmitted | None = None
+                 ) -> str:
+    """A task created, claimed (seq 2) and then given ``events`` (from seq 3)."""
+    task_id = f"task-{next(_numbers)}"
+    first = submitted or ev.TaskSubmitted(agent="agent", input={"q": 1})
+    await store.create_task(task_id, first.agent, input=first.input, budget=first.budget)
+    await claim(store.database)
+    head = await store.read_head(task_id)
+    for start in range(0, len(events), 500):
+        result = await store.append_events(
+            task_id, events[start:start + 500], epoch=head.lease_epoch,
+            expected_seq=head.head_seq, prev_hash=head.head_hash,
+        )
+        head = await store.read_head(task_id)
+        assert result.head_seq == head.head_seq
+    return task_id
+
+
+async def folded(store: Store, task_id: str, to_seq: int | None = None) -> AgentState:
+    """The fold of the task's stored rows (up to ``to_seq``), read the slow way."""
+    rows = await store.history(task_id)
+    return fold(rows[:to_seq] if to_seq else rows, task_id=task_id)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+async def test_resume_without_snapshot_folds_the_whole_log(store: Store) -> None:
+    """With no snapshot, resume folds every event and matches a fold of the history."""
+    task_id = await seeded(store, steps(3))
+    resumed = await read_state(store, task_id)
+    assert resumed.snapshot_seq is None and resumed.events_folded == 23
+    assert resumed.round_trips == 1
+    assert resumed.state == await folded(store, task_id)
+    assert resumed.state.status is Status.RUNNING and resumed.state.usage.llm_calls == 3
+
+
+async def test_resume_with_snapshot_reads_only_the_tail(store: Store) -> None:
+    """With a snapshot, resume reads the head, the snapshot and the tail in one round trip."""
+    task_id = await seeded(store, steps(5))
+    await save_snapshot(store.database, await folded(store, task_id, 20))
+    resumed = await read_state(store, task_id)
+    assert (resumed.snapshot_seq, resumed.events_folded, resumed.round_trips) == (20, 17, 1)
+    assert resumed.state == await folded(store, task_id)
+    assert await resume(store, task_id) == resumed.state
+
+
+async def test_snapshot_without_hash_takes_the_logs_hash(store: Store) -> None:
+    """A snapshot folded without hashes resumes with the log's hash at its seq."""
+    task_id = await seeded(store, steps(2))
+    state = await folded(store, task_id)
+    await save_snapshot(store.database, msgspec.structs.replace(state, last_hash=b""))
+    assert await resume(store, task_id) == state
+
+
+async def test_snapshot_at_the_head_needs_no_tail(store: Store) -> None:
+    """A snapshot at the head is the whole answer."""
+    task_id = await seeded(store, steps(2))
+    state = await folded(store, task_id)
+    await save_snapshot(store.database, state)
+    resumed = await read_state(store, task_id)
+    assert (resumed.snapshot_seq, resumed.events_folded) == (state.last_seq, 0)
+    assert resumed.state == state
+
+
+async def test_long_tail_is_read_in_pages(store: Store) -> None:
+    """A tail longer than a page is streamed page by page and folds to the same state."""
+    task_id = await seeded(store, steps(4))
+    await save_snapshot(store.database, await folded(store, task_id, 5))
+    resumed = await read_state(store, task_id, page_events=7)
+    assert resumed.events_folded == 25 and resumed.round_trips == 4  # 7 + 7 + 7 + 4
+    assert resumed.state == await folded(store, task_id)
+
+
+@few_examples
+@given(history=histories(max_events=40), data=st.data())
+async def test_resume_is_the_same_with_and_without_snapshot(
+    store: Store, history: list[tuple[int, ev.Event]], data: st.DataObject
+) -> None:
+    """For generated histories, resume from any snapshot equals resume from the log."""
+    assume(len(history) > 2 and isinstance(history[1][1], ev.TaskClaimed))
+    submitted = history[0][1]
+    assert isinstance(submitted, ev.TaskSubmitted)
+    task_id = await seeded(store, [event for _, event in history[2:]], submitted=submitted)
+    plain = await read_state(store, task_id)
+    at = data.draw(st.integers(1, len(history)), label="snapshot seq")
+    await save_snapshot(store.database, await folded(store, task_id, at))
+    with_snapshot = await read_state(store, task_id)
+    assert with_snapshot.snapshot_seq == at
+    assert with_snapshot.state == plain.state == await folded(store, task_id)
+    assert encode_state(with_snapshot.state) == encode_state(plain.state)
+
+
+async def test_resume_of_an_unknown_task(store: Store) -> None:
+    """Resuming a task that does not exist raises UnknownTask."""
+    with pytest.raises(UnknownTask):
+        await resume(store, "no-such-task")
+
+
+async def test_resume_reads_old_versions_through_upcasters(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written at an old event version are upcast on resume."""
+    task_id = await seeded(store, [ev.MessageAppended(role="user", content="old")])
+    monkeypatch.setattr(ev.MessageAppended, "VERSION", 2)
+    registry = UpcasterRegistry()
+    registry.register("message_appended", 1, lambda payload: {**payload, "name": "upcast"})
+    resumed = await read_state(store, task_id, registry=registry)
+    assert resumed.state.messages == [ev.MessageAppended(role="user", content="old",
+                                                         name="upcast")]
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+async def _snapshot_seqs(database: Database, task_id: str) -> list[int]:
+    rows = await database.fetch(
+        "SELECT seq FROM wal_snapshots WHERE task_id = $1 ORDER BY seq", task_id)
+    return [row["seq"] for row in rows]
+
+
+async def test_retention_keeps_the_latest_snapshots(store: Store) -> None:
+    """Saving snapshots keeps only the newest keep_latest per task."""
+    task_id = await seeded(store, steps(3))
+    for seq in (5, 10, 15, 20):
+        await save_snapshot(store.database, await folded(store, task_id, seq), keep_latest=2)
+    assert await _snapshot_seqs(store.database, task_id) == [15, 20]
+    await save_snapshot(store.database, await folded(store, task_id, 22), keep_latest=1)
+    assert await _snapshot_seqs(store.database, task_id) == [22]
+    assert await latest_snapshot_seq(store.database, task_id) == 22
+
+
+async def test_saving_the_same_snapshot_twice_is_harmless(store: Store) -> None:
+    """A second snapshot at the same seq is ignored (same bytes; first writer wins)."""
+    task_id = await seeded(store, steps(1))
+    state = await folded(store, task_id)
+    assert await save_snapshot(store.database, state) is True
+    assert await save_snapshot(store.database, state) is False
+
+
+async def test_snapshots_of_another_format_are_ignored(store: Store) -> None:
+    """A snapshot in an unknown state format is skipped and the log is folded instead."""
+    task_id = await seeded(store, steps(1))
+    await store.database.fetch(
+        "INSERT INTO wal_snapshots (task_id, seq, state, state_format) VALUES ($1, 5, $2, $3)",
+        task_id, b"future format", STATE_FORMAT + 1)
+    resumed = await read_state(store, task_id)
+    assert resumed.snapshot_seq is None and resumed.state == await folded(store, task_id)
+
+
+async def test_corrupt_snapshot_is_reported_not_swallowed(store: Store) -> None:
+    """Undecodable bytes, or a snapshot of another chain, raise SnapshotCorrupt."""
+    task_id = await seeded(store, steps(1))
+    await store.database.fetch(
+        "INSERT INTO wal_snapshots (task_id, seq, state, state_format) VALUES ($1, 4, $2, $3)",
+        task_id, b"\xc1garbage", STATE_FORMAT)
+    with pytest.raises(SnapshotCorrupt) as caught:
+        await resume(store, task_id)
+    assert caught.value.seq == 4
+    await delete_snapshots(store.database, task_id)
+    wrong = msgspec.structs.replace(await folded(store, task_id, 4), last_hash=b"x" * 32)
+    await save_snapshot(store.database, wrong)
+    with pytest.raises(SnapshotCorrupt, match="hash"):
+        await resume(store, task_id)
+    await delete_snapshots(store.database, task_id)
+    assert await resume(store, task_id) == await folded(store, task_id)
+
+
+async def test_resume_checks_the_head(store: Store) -> None:
+    """A head that disagrees with its log is a ReplayError."""
+    task_id = await seeded(store, steps(1))
+    await store.database.fetch(
+        "UPDATE wal_tasks SET status = 'RESUMING', status_path = ARRAY['RESUMING'] "
+        "WHERE task_id = $1", task_id)
+    with pytest.raises(ReplayError, match="head says RESUMING"):
+        await resume(store, task_id)
+
+
+# ----------------------------------------------------------------------------- fork
+
+
+async def _child_checks(store: Store, parent: str, child: str, at_seq: int) -> AgentState:
+    """Check a fork's child against its parent; return the child's resumed state."""
+    report = await store.verify_task(child)
+    assert report.ok, report.violation
+    parent_rows = await store.history(parent)
+    child_rows = await store.history(child)
+    assert [(r.type, r.version, r.payload) for r in child_rows[1:at_seq]] == [
+        (r.type, r.version, r.payload) for r in parent_rows[1:at_seq]]
+    assert all(r.epoch == 0 for r in child_rows)
+    submitted = child_rows[0].decode()
+    assert isinstance(submitted, ev.TaskSubmitted)
+    assert (submitted.parent_task_id, submitted.parent_seq) == (parent, at_seq)
+    assert child_rows[at_seq].decode() == ev.TaskForked(parent_task_id=parent, parent_seq=at_seq)
+    head = await store.read_head(child)
+    assert (head.parent_task_id, head.parent_seq, head.lease_epoch) == (parent, at_seq, 0)
+    state = await resume(store, child)
+    assert (state.parent_task_id, state.parent_seq) == (parent, at_seq)
+    assert state.status is head.status
+    return state
+
+
+async def test_fork_mid_step_is_resumable_and_verifies(store: Store) -> None:
+    """Forking a RUNNING prefix gives a verifiable RESUMING child that a worker can claim."""
+    parent = await seeded(store, steps(3))
+    child = await fork(store, parent, 12, child_task_id="child-1")
+    assert child == "child-1"
+    state = await _child_checks(store, parent, child, 12)
+    assert state.status is Status.RESUMING and state.last_seq == 14
+    assert state.calls == (await folded(store, parent, 12)).calls
+    rows = await claim(store.database, "w9")
+    assert [row["task_id"] for row in rows] == [child]
+    resumed = await resume(store, child)
+    assert resumed.status is Status.RUNNING and resumed.attempts == 2
+
+
+async def test_fork_at_submission_is_queued(store: Store) -> None:
+    """Forking at seq 1 gives a QUEUED child whose claim is a first claim."""
+    parent = await seeded(store, steps(1))
+    child = await fork(store, parent, 1)
+    state = await _child_checks(store, parent, child, 1)
+    assert state.status is Status.QUEUED and state.input == {"q": 1}
+    await claim(store.database)
+    assert (await resume(store, child)).attempts == 1
+
+
+async def test_fork_of_a_waiting_prefix_is_woken(store: Store) -> None:
+    """A prefix that leaves the task WAITING is woken in the child, ready to be claimed."""
+    parent = await seeded(store, [ev.TimerStarted(timer_id="z", wake_at_ms=10**13,
+                                                  duration_ms=10**9)])
+    child = await fork(store, parent, 3)
+    state = await _child_checks(store, parent, child, 3)
+    assert state.status is Status.RESUMING and state.waiting_on is not None
+
+
+async def test_fork_of_a_checkpointed_prefix_and_of_a_fork(store: Store) -> None:
+    """A CHECKPOINTED prefix is released; a fork of a fork verifies too."""
+    parent = await seeded(store, steps(2))
+    child = await fork(store, parent, 8)
+    assert (await _child_checks(store, parent, child, 8)).next_action == {"after": 0}
+    grandchild = await fork(store, child, 9)
+    state = await _child_checks(store, child, grandchild, 9)
+    assert state.parent_task_id == child
+
+
+@pytest.mark.parametrize("at_seq", [0, -1, 99])
+async def test_fork_outside_the_history_is_refused(store: Store, at_seq: int) -> None:
+    """A fork point below 1 or beyond the head is refused and writes nothing."""
+    parent = await seeded(store, steps(1))
+    with pytest.raises(ForkPointInvalid) as caught:
+        await fork(store, parent, at_seq)
+    assert caught.value.at_seq == at_seq
+    assert len(await store.list_tasks()) == 1
+
+
+async def test_fork_at_a_terminal_event_is_refused(store: Store) -> None:
+    """The terminal event ends a history: nothing can continue from it."""
+    parent = await seeded(store, [ev.TaskCompleted(output=1)])
+    with pytest.raises(ForkPointInvalid, match="COMPLETED"):
+        await fork(store, parent, 3)
+    assert (await _child_checks(store, parent, await fork(store, parent, 2), 2)).status is (
+        Status.RESUMING)
+
+
+async def test_fork_of_unknown_task_or_onto_existing_id(store: Store) -> None:
+    """Unknown parents and taken child ids are refused."""
+    with pytest.raises(UnknownTask):
+        await fork(store, "no-such-task", 1)
+    parent = await seeded(store, steps(1))
+    await fork(store, parent, 2, child_task_id="taken")
+    with pytest.raises(TaskAlreadyExists):
+        await fork(store, parent, 2, child_task_id="taken")
+
+
+@few_examples
+@given(history=histories(max_events=40), data=st.data())
+async def test_fork_anywhere_gives_a_verifiable_claimable_child(
+    store: Store, history: list[tuple[int, ev.Event]], data: st.DataObject
+) -> None:
+    """For generated histories, a fork at any non-terminal seq verifies and can be claimed."""
+    assume(len(history) > 2 and isinstance(history[1][1], ev.TaskClaimed))
+    submitted = history[0][1]
+    assert isinstance(submitted, ev.TaskSubmitted)
+    parent = await seeded(store, [event for _, event in history[2:]], submitted=submitted)
+    last = len(history) - 1 if fold(history, task_id=parent).terminal else len(history)
+    at_seq = data.draw(st.integers(1, last), label="at_seq")
+    child = await fork(store, parent, at_seq)
+    state = await _child_checks(store, parent, child, at_seq)
+    assert state.status in (Status.QUEUED, Status.RESUMING)
+    prefix = await folded(store, parent, at_seq)
+    for name in ("messages", "calls", "env", "plan", "usage", "signal_ids"):
+        assert getattr(state, name) == getattr(prefix, name)
