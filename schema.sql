@@ -6,10 +6,12 @@
 --                     database whose newest version is not the one it was built for.
 -- wal_transitions     the legal status moves of the task state machine (DESIGN.md s.3),
 --                     the same table as wal_engine/state_machine.py (a test compares them).
--- wal_tasks           one row per task: the *head* of its log (status, head_seq, head_hash)
---                     and its lease (owner, lease_epoch = the fencing token, expiry), wake
---                     time, budget and attempts. A cache of the log's tail that lets a claim
---                     or an append be one statement.
+-- wal_tasks           one row per task: its status, the head as of its last status move,
+--                     its lease (owner, lease_epoch = the fencing token, expiry), wake
+--                     time, budget and attempts. Claims, heartbeats and status moves are
+--                     one statement on it; observations do not touch it: an append is
+--                     fenced by the event it follows (same epoch and hash, not terminal),
+--                     because every epoch change is itself an event.
 -- wal_events          the write-ahead log. (task_id, seq) primary key, seq contiguous from 1.
 --                     Append-only: triggers reject UPDATE, DELETE and TRUNCATE. The payload
 --                     is the exact canonical JSON bytes the chain hash covers (bytea), so a
@@ -44,6 +46,9 @@ CREATE TABLE IF NOT EXISTS wal_schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
+-- The sha256 of the schema text last applied, so that a connect skips the DDL (and its
+-- table locks) when nothing changed.
+ALTER TABLE wal_schema_version ADD COLUMN IF NOT EXISTS checksum text;
 
 CREATE TABLE IF NOT EXISTS wal_transitions (
     from_status text NOT NULL,
@@ -79,6 +84,8 @@ CREATE TABLE IF NOT EXISTS wal_tasks (
     -- Set by a statement that records several moves at once; the trigger checks the walk
     -- and clears it, so it is never stored.
     status_path      text[],
+    -- The head as of the task's last status move (claims, checkpoints, waits, endings).
+    -- Observations append to wal_events only; the log's last event is the true head.
     head_seq         bigint NOT NULL CHECK (head_seq >= 0),
     head_hash        bytea NOT NULL CHECK (octet_length(head_hash) = 32),
     lease_owner      text,
@@ -258,7 +265,11 @@ DECLARE
     next_seq bigint;
     next_hash bytea;
 BEGIN
-    SELECT t.head_seq, t.head_hash INTO head FROM wal_tasks t WHERE t.task_id = p_task_id;
+    -- The log's last event is the head (the task row's copy is as of its last status
+    -- move). A writer racing for the same seq makes the INSERT below fail on the primary
+    -- key, which the callers treat as "try again later".
+    SELECT e.seq AS head_seq, e.hash AS head_hash INTO head FROM wal_events e
+     WHERE e.task_id = p_task_id ORDER BY e.seq DESC LIMIT 1;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
@@ -277,11 +288,14 @@ END;
 $$;
 
 -- Claim up to p_limit due tasks for p_worker in one statement: QUEUED, RESUMING, and
--- WAITING tasks whose wake time has come (database clock). Bumps each task's lease epoch
+-- WAITING tasks whose wake time has come (database clock), of the agents in p_agents (all
+-- agents when NULL): a worker never takes a task it has no code for. Bumps each task's lease epoch
 -- (the fencing token) and records the claim in the log.
 -- (Dropped first: CREATE OR REPLACE cannot change a function's result columns.)
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint);
-CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint)
+DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[]);
+CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint,
+                                p_agents text[] DEFAULT NULL)
 RETURNS TABLE (task_id text, agent text, lease_epoch bigint, head_seq bigint,
                head_hash bytea, attempts integer, started_at timestamptz,
                database_now timestamptz)
@@ -294,8 +308,9 @@ BEGIN
     FOR due IN
         SELECT t.task_id, t.status, t.lease_epoch, t.attempts, t.waiting_signal
           FROM wal_tasks t
-         WHERE t.status IN ('QUEUED', 'RESUMING')
-            OR (t.status = 'WAITING' AND t.wake_at <= now())
+         WHERE (t.status IN ('QUEUED', 'RESUMING')
+                OR (t.status = 'WAITING' AND t.wake_at <= now()))
+           AND (p_agents IS NULL OR t.agent = ANY (p_agents))
          ORDER BY coalesce(t.wake_at, t.created_at), t.task_id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -340,13 +355,20 @@ BEGIN
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     LOOP
-        UPDATE wal_tasks t
-           SET lease_epoch = stale.lease_epoch + 1, lease_owner = NULL, lease_expires_at = NULL
-         WHERE t.task_id = stale.task_id;
-        PERFORM wal_emit(stale.task_id, 'task_orphaned',
-                         jsonb_build_object('previous_owner', stale.lease_owner,
-                                            'previous_epoch', stale.lease_epoch),
-                         stale.lease_epoch + 1, 'RESUMING');
+        BEGIN
+            UPDATE wal_tasks t
+               SET lease_epoch = stale.lease_epoch + 1, lease_owner = NULL,
+                   lease_expires_at = NULL
+             WHERE t.task_id = stale.task_id;
+            PERFORM wal_emit(stale.task_id, 'task_orphaned',
+                             jsonb_build_object('previous_owner', stale.lease_owner,
+                                                'previous_epoch', stale.lease_epoch),
+                             stale.lease_epoch + 1, 'RESUMING');
+        EXCEPTION WHEN unique_violation THEN
+            -- The presumed-dead owner appended at that very moment: it is alive after
+            -- all. Leave the task alone; if its lease stays expired, the next sweep takes it.
+            CONTINUE;
+        END;
         PERFORM pg_notify('wal_engine_wake', stale.task_id);
         RETURN QUERY SELECT stale.task_id, stale.lease_owner, stale.lease_epoch;
     END LOOP;

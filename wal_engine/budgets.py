@@ -26,15 +26,25 @@ class BudgetTrip(msgspec.Struct, frozen=True, kw_only=True):
     used: float
 
 
-def first_trip(budget: Budget, usage: Usage, *, planned_tool_calls: int = 0) -> BudgetTrip | None:
+def first_trip(
+    budget: Budget,
+    usage: Usage,
+    *,
+    planned_tool_calls: int = 0,
+    check_steps: bool = True,
+    check_attempts: bool = True,
+    attempts_default: int | None = None,
+) -> BudgetTrip | None:
     """The first budget that ``usage`` has reached, or None.
 
     ``planned_tool_calls`` counts a call about to be made, so that a tool-call budget of N
     allows exactly N calls. Steps, tokens, runtime and cost trip when used >= limit after the
-    fact; attempts trip when more claims than allowed were made.
+    fact; attempts trip when more claims than allowed were made. Steps are checked only
+    when a new step would start, attempts only at a claim (``check_steps``,
+    ``check_attempts``); ``attempts_default`` applies when the budget sets no max_attempts.
     """
     checks: tuple[tuple[str, float | None, float], ...] = (
-        ("max_steps", budget.max_steps, usage.steps),
+        ("max_steps", budget.max_steps if check_steps else None, usage.steps),
         ("max_tokens", budget.max_tokens, usage.tokens),
         ("max_runtime_s", budget.max_runtime_s, usage.runtime_s),
         ("max_cost_usd", budget.max_cost_usd, usage.cost_usd),
@@ -46,7 +56,8 @@ def first_trip(budget: Budget, usage: Usage, *, planned_tool_calls: int = 0) -> 
     if budget.max_tool_calls is not None and calls > budget.max_tool_calls:
         return BudgetTrip(budget="max_tool_calls", limit=float(budget.max_tool_calls),
                           used=float(calls))
-    if budget.max_attempts is not None and usage.attempts > budget.max_attempts:
-        return BudgetTrip(budget="max_attempts", limit=float(budget.max_attempts),
+    attempts_max = budget.max_attempts if budget.max_attempts is not None else attempts_default
+    if check_attempts and attempts_max is not None and usage.attempts > attempts_max:
+        return BudgetTrip(budget="max_attempts", limit=float(attempts_max),
                           used=float(usage.attempts))
     return None

@@ -23,7 +23,7 @@ import structlog
 from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallStatus
 from wal_engine import events as ev
-from wal_engine import failpoints
+from wal_engine import failpoints, metrics
 from wal_engine.context import (
     LlmResponse,
     ToolError,
@@ -166,6 +166,7 @@ class ToolCaller:
             error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
         log.info("tool_attempt_failed", task_id=run.task_id, call_id=call_id, attempt=attempt,
                  retryable=retryable, error_type=type(error).__name__)
+        metrics.call_failed("tool", retryable)
         return retry_at
 
     async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
@@ -189,8 +190,11 @@ class ToolCaller:
             found = await spec.lookup(key)
             if found is not None:
                 return await self._record_result(outcome.call_id, outcome.attempt, found)
-        if spec.idempotent:
+        # Idempotent: the key makes another delivery safe. With a lookup that found nothing
+        # under the key, the callee never acted: sending now is the first delivery.
+        if spec.idempotent or spec.lookup is not None:
             log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
+            metrics.call_retried("tool", "in_doubt")
             return await self._attempts(outcome.call_id, key, outcome.attempt)
         await run.append([ev.ToolCallUncertain(call_id=outcome.call_id,
                                                policy=spec.on_uncertain)])
@@ -307,6 +311,7 @@ class LlmCaller:
                     call_id=call_id, attempt=attempt, error=str(error)[:error_text_max],
                     error_type=type(error).__name__, retryable=retryable,
                     retry_at_ms=retry_at)])
+                metrics.call_failed("llm", retryable)
                 if retry_at is None:
                     raise ToolError(call_id, type(error).__name__, str(error)) from error
                 attempt += 1
@@ -370,11 +375,16 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
             prev_hash=run.head_hash, connection=connection, encoded=encoded)
         pending["event"] = event
 
+    claim = _claim(run, key)
+    # Like a tool, the effect can read its key and epoch (ctx.idempotency_key, current_call).
+    token = _current_call.set(claim)
     try:
         result = await run.engine.gateway.run_in_transaction(
-            _claim(run, key), lambda connection: function(connection, args), record)
+            claim, lambda connection: function(connection, args), record)
     except InvalidPayload as error:
         raise ToolError(call_id, "UnstorableResult", str(error)) from error
+    finally:
+        _current_call.reset(token)
     if "append" in pending:
         run.adopt_append(pending["event"], pending["append"])
     return result

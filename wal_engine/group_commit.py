@@ -19,7 +19,7 @@ from wal_engine.store.connection import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
 
-flushes_in_flight_max: Final = 2
+flushes_in_flight_max: Final = 1
 """Concurrent flush statements; each holds one pooled connection."""
 
 flush_tasks_max: Final = 256
@@ -47,6 +47,22 @@ class GroupCommitter:
 
     async def append(self, append: PendingAppend) -> AppendResult:
         """Queue one task's batch; returns its new head or raises its own error."""
+        if self._in_flight == 0 and not self._pending:
+            # Nothing to share a commit with: send it from this task, saving the hand-off
+            # to a flusher task (an event-loop turn) on the lone-task path.
+            self._in_flight += 1
+            try:
+                result = await self.store.append_events(
+                    append.task_id, append.events, epoch=append.epoch,
+                    expected_seq=append.expected_seq, prev_hash=append.prev_hash,
+                    encoded=append.encoded,
+                )
+                self.flushes += 1
+                self.appends += 1
+                return result
+            finally:
+                self._in_flight -= 1
+                self._maybe_flush()
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(append, future))
         self._maybe_flush()

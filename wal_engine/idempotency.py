@@ -37,7 +37,7 @@ from typing import Any, Final, TypeVar
 import asyncpg
 import msgspec
 
-from wal_engine import payloads
+from wal_engine import metrics, payloads
 from wal_engine.errors import WalError
 from wal_engine.store.connection import Database
 
@@ -160,6 +160,7 @@ class IdempotencyGateway:
         if row is None:
             return _pending  # Released between our claim attempt and this read: try again.
         if row["state"] == "completed":
+            metrics.effect_deduplicated()
             return payloads.decode_payload(row["result"])
         if row["state"] == "failed":
             raise EffectFailed(claim.key, str(row["error"]))
@@ -213,6 +214,7 @@ class IdempotencyGateway:
             if existing is not None and existing["epoch"] > claim.epoch:
                 raise StaleEpoch(claim.key, claim.epoch, int(existing["epoch"]))
             if existing is not None and existing["state"] == "completed":
+                metrics.effect_deduplicated()
                 return payloads.decode_payload(existing["result"])
             await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,
                                      claim.owner, claim.epoch)

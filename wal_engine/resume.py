@@ -68,7 +68,11 @@ snapshots_kept_default: Final = 2
 # $3 the page size.
 RESUME_HEAD: Final = """
 WITH head AS (
-    SELECT task_id, status, head_seq, head_hash FROM wal_tasks WHERE task_id = $1
+    SELECT t.task_id, t.status, last.seq AS head_seq, last.hash AS head_hash
+      FROM wal_tasks t
+     CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
+                          ORDER BY e.seq DESC LIMIT 1) AS last
+     WHERE t.task_id = $1
 ), snapshot AS (
     SELECT s.seq, s.state FROM wal_snapshots s, head
      WHERE s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2

@@ -24,6 +24,7 @@ from replay.fold import StateBuilder
 from replay.journal import Journal
 from replay.state import AgentState
 from wal_engine import events as ev
+from wal_engine import metrics
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -48,6 +49,7 @@ INTERNAL_PREFIX: Final = "~"
 """Call ids and signal names the engine uses for its own waits (approvals, reconciliation,
 retry timers). The journal the agent code is matched against leaves them out."""
 
+_no_budget: Final = ev.Budget()
 diagnostic_events_max: Final = 10
 error_text_max: Final = 2000
 
@@ -148,6 +150,7 @@ class TaskRun:
             await self._quarantine(error)
             return
         state = resumed.state
+        metrics.resumed(resumed.events_folded, resumed.snapshot_seq is not None)
         self.last_snapshot_seq = resumed.snapshot_seq or 0
         if state.last_seq != self.head_seq:
             self.fence(f"log moved past the claim (seq {state.last_seq} != {self.head_seq})")
@@ -228,6 +231,7 @@ class TaskRun:
             self.fence(str(error))
             raise Fenced from error
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
+        structlog.contextvars.bind_contextvars(seq=result.head_seq)
         if result.status is not None and result.status not in LEASED:
             self.leased = False
 
@@ -274,19 +278,18 @@ class TaskRun:
         """The budget tripped now, if any (steps only count when a new step would start)."""
         assert self.builder is not None
         budget = self.builder.view.budget
-        if budget.max_attempts is None:
-            budget = ev.Budget(**{**_budget_fields(budget),
-                                  "max_attempts": self.engine.recovery_attempts_max})
-        usage = self.usage()
-        if not starting_step:
-            budget = ev.Budget(**{**_budget_fields(budget), "max_steps": None})
-        if not at_claim:
-            budget = ev.Budget(**{**_budget_fields(budget), "max_attempts": None})
-        return first_trip(budget, usage, planned_tool_calls=planned_tool_calls)
+        if not at_claim and budget == _no_budget:
+            return None  # The common case, checked before every call: nothing to compute.
+        return first_trip(
+            budget, self.usage(), planned_tool_calls=planned_tool_calls,
+            check_steps=starting_step, check_attempts=at_claim,
+            attempts_default=self.engine.recovery_attempts_max,
+        )
 
     async def fail_budget(self, trip: BudgetTrip) -> None:
         """Record the tripped budget and fail the task with a diagnostic; unwinds the agent."""
         self.log.warning("budget_exceeded", budget=trip.budget, limit=trip.limit, used=trip.used)
+        metrics.budget_tripped(trip.budget)
         await self.append([ev.BudgetExceeded(budget=trip.budget, limit=trip.limit,
                                              used=trip.used)])
         await self.fail("budget_exceeded", None, diagnostic_extra={"tripped": {
@@ -361,6 +364,7 @@ class TaskRun:
         self.builder.apply(event)
         self._state_cache = None
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
+        structlog.contextvars.bind_contextvars(seq=result.head_seq)
 
 
 def is_internal(call: Any) -> bool:

@@ -32,7 +32,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from wal_engine import failpoints
+from wal_engine import failpoints, metrics
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
@@ -168,11 +168,13 @@ class Worker:
 
     async def _claim(self, free: int) -> int:
         rows = await self.engine.database.fetch(
-            queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms
+            queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
+            sorted(self.engine.agents),
         )
         for row in rows:
             self._start_run(row)
         self.claimed += len(rows)
+        metrics.tasks_claimed(len(rows))
         return len(rows)
 
     def _start_run(self, row: Any) -> None:
@@ -185,6 +187,7 @@ class Worker:
         task.add_done_callback(self._run_tasks.discard)
 
     async def _execute(self, run: TaskRun) -> None:
+        structlog.contextvars.bind_contextvars(**structlog.get_context(run.log), seq=run.head_seq)
         try:
             failpoints.hit("after_claim")
             await run.execute()
@@ -236,6 +239,7 @@ class Worker:
             self.log.warning("lease_broken", task_id=row["task_id"],
                              previous_owner=row["previous_owner"],
                              previous_epoch=row["previous_epoch"])
+        metrics.tasks_orphaned(len(rows))
         if rows:
             self._wake.set()
         wait_ms = await connection.fetchval(next_expiry_sql)

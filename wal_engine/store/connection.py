@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import urllib.parse
 from importlib import resources
@@ -104,11 +105,35 @@ def schema_sql() -> str:
     return source_tree.read_text(encoding="utf-8")
 
 
-async def apply_schema(connection: asyncpg.Connection) -> None:
-    """Apply ``schema.sql`` in one transaction, serialised by an advisory lock (idempotent)."""
+async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -> bool:
+    """Apply ``schema.sql`` in one transaction, serialised by an advisory lock (idempotent).
+
+    Skipped when the same text was already applied (its checksum is recorded), so that a
+    connecting worker takes no table locks. When the DDL does run on a live database, it
+    first locks every engine table in one fixed order: replacing a trigger locks its table,
+    and taking those locks one by one against running appends could deadlock. Returns
+    whether the DDL ran.
+    """
+    text = schema_sql()
+    checksum = hashlib.sha256(text.encode()).hexdigest()
     async with connection.transaction():
         await connection.execute(queries.SCHEMA_LOCK)
-        await connection.execute(schema_sql())
+        if not force and await _schema_current(connection, checksum):
+            return False
+        if await connection.fetchval(queries.SCHEMA_PRESENT):
+            await connection.execute(queries.LOCK_ENGINE_TABLES)
+        await connection.execute(text)
+        await connection.execute(queries.RECORD_SCHEMA_CHECKSUM, SCHEMA_VERSION, checksum)
+    return True
+
+
+async def _schema_current(connection: asyncpg.Connection, checksum: str) -> bool:
+    if not await connection.fetchval(queries.SCHEMA_PRESENT):
+        return False
+    if not await connection.fetchval(queries.SCHEMA_HAS_CHECKSUM):
+        return False
+    recorded = await connection.fetchval(queries.SCHEMA_CHECKSUM, SCHEMA_VERSION)
+    return bool(recorded == checksum)
 
 
 async def read_schema_version(connection: asyncpg.Connection) -> int | None:
@@ -117,6 +142,19 @@ async def read_schema_version(connection: asyncpg.Connection) -> int | None:
         return None
     version = await connection.fetchval(queries.SCHEMA_VERSION)
     return None if version is None else int(version)
+
+
+async def _release_connection(connection: asyncpg.Connection) -> None:
+    """What a pooled connection needs on release: only a rollback of an abandoned transaction.
+
+    asyncpg's default reset runs ``RESET ALL; UNLISTEN *; CLOSE ALL; ...`` on every release:
+    a second round trip for every statement. The engine leaves no session state on pooled
+    connections (LISTEN and heartbeats use dedicated connections, settings are transaction-
+    local), so that reset buys nothing; code handed a pooled connection (``ctx.transaction``)
+    must likewise use ``SET LOCAL``, never ``SET``.
+    """
+    if connection.is_in_transaction():
+        await connection.execute("ROLLBACK")
 
 
 class Database:
@@ -153,6 +191,7 @@ class Database:
                 timeout=limits.connect_timeout_s,
                 command_timeout=limits.command_timeout_s,
                 server_settings={"application_name": application_name},
+                reset=_release_connection,
             )
         except CONNECTION_ERRORS as error:
             raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error

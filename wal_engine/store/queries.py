@@ -14,6 +14,21 @@ SCHEMA_PRESENT: Final = "SELECT to_regclass('wal_schema_version') IS NOT NULL"
 
 SCHEMA_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('wal_engine.schema'))"
 
+SCHEMA_HAS_CHECKSUM: Final = """
+SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                WHERE table_name = 'wal_schema_version' AND column_name = 'checksum'
+                  AND table_schema = current_schema())
+"""
+
+SCHEMA_CHECKSUM: Final = "SELECT checksum FROM wal_schema_version WHERE version = $1"
+
+RECORD_SCHEMA_CHECKSUM: Final = "UPDATE wal_schema_version SET checksum = $2 WHERE version = $1"
+
+LOCK_ENGINE_TABLES: Final = """
+LOCK TABLE wal_tasks, wal_events, wal_snapshots, wal_idempotency, wal_signals
+    IN SHARE ROW EXCLUSIVE MODE
+"""
+
 SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
 
 # Submission: the task row and its first event (seq 1) in one statement. An existing task
@@ -36,85 +51,147 @@ WITH task AS (
 SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS notified
 """
 
-# One fenced append of a batch of one task's events: one statement, one commit. The head
-# moves only if the caller's epoch, expected head seq and head hash all still hold; the
-# events are inserted only if the head moved. Zero rows back means fenced or conflicting.
-# A batch that ends WAITING sets the wake time ($14 ms from now, database clock; NULL waits
-# for the signal $15 forever); a batch that leaves the leased statuses drops the lease.
-APPEND_EVENTS: Final = """
+# How appends are fenced. Every change of a task's lease epoch (claim, orphaning,
+# cancellation) is itself an event carrying the new epoch. So an append is accepted only
+# if the event it follows (seq = $3) still has the caller's hash ($4) and epoch ($2) and is
+# not terminal: a stale writer finds either another event at its seq (the primary key
+# refuses a duplicate) or a predecessor of a newer epoch. Observations (no status move)
+# touch only wal_events: one index probe plus the insert. A batch that moves the status
+# also updates the task's row (status, wake time, lease), where the state-machine trigger
+# checks the walk; wal_tasks.head_seq/head_hash are the head as of that last move.
+PREVIOUS_OK: Final = """
+    SELECT 1 FROM wal_events p
+     WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $4 AND p.epoch = $2
+       AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
+"""
+
+# One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key, $9 hash.
+OBSERVE_ONE: Final = f"""
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9
+ WHERE EXISTS ({PREVIOUS_OK})
+RETURNING seq
+"""
+
+# A batch of observations of one task: $5..$9 are arrays (type, version, payload, key, hash);
+# each event's prev_hash is the hash before it.
+OBSERVE_MANY: Final = f"""
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
+       coalesce(lag(e.hash) OVER (ORDER BY e.ord), $4), e.hash
+  FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
+ WHERE EXISTS ({PREVIOUS_OK})
+RETURNING seq
+"""
+
+# A batch that moves the status ($10 the final status, $11 the walk): the task row and the
+# events in one statement. $12/$13 set the wake time and awaited signal when it ends
+# WAITING (database clock); leaving the leased statuses drops the lease.
+TRANSITION: Final = f"""
 WITH head AS (
     UPDATE wal_tasks
-       SET head_seq = $3 + cardinality($8::text[]), head_hash = $5,
-           status = coalesce($6, status), status_path = $7::text[], updated_at = now(),
-           wake_at = CASE WHEN $6 = 'WAITING' THEN now() + $14 * interval '1 millisecond'
+       SET head_seq = $3 + cardinality($5::text[]),
+           head_hash = ($9::bytea[])[cardinality($9::bytea[])],
+           status = $10, status_path = $11::text[], updated_at = now(),
+           wake_at = CASE WHEN $10 = 'WAITING' THEN now() + $12 * interval '1 millisecond'
                           ELSE wake_at END,
-           waiting_signal = CASE WHEN $6 = 'WAITING' THEN $15 ELSE waiting_signal END,
-           lease_owner = CASE WHEN $6 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           waiting_signal = CASE WHEN $10 = 'WAITING' THEN $13 ELSE waiting_signal END,
+           lease_owner = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                               THEN NULL ELSE lease_owner END,
-           lease_expires_at = CASE WHEN $6 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           lease_expires_at = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                                    THEN NULL ELSE lease_expires_at END
-     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
+     WHERE task_id = $1 AND lease_epoch = $2 AND EXISTS ({PREVIOUS_OK})
  RETURNING task_id
 )
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
                         prev_hash, hash)
 SELECT head.task_id, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
-       e.prev_hash, e.hash
+       coalesce(lag(e.hash) OVER (ORDER BY e.ord), $4), e.hash
   FROM head,
-       unnest($8::text[], $9::int2[], $10::bytea[], $11::text[], $12::bytea[], $13::bytea[])
-           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+       unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
 RETURNING seq
 """
 
 # Group commit: the pending appends of many tasks in one statement and one commit, each
-# task fenced on its own. $1..$7 are per task (index i), $8..$14 per event (task index).
-# Returns the ids of the tasks whose append was accepted.
+# task fenced on its own. $1..$9 are per task (index i); $10..$16 per event (task index).
+# Tasks whose predecessor check fails are left out (the caller classifies them); a
+# duplicate seq aborts the statement (the caller then appends task by task). Returns the
+# ids of the accepted tasks.
 APPEND_MANY: Final = """
-WITH heads AS (
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[],
+                         $6::text[], $7::text[], $8::int8[], $9::text[], $18::int4[])
+               WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
+                                    new_status, status_path, wake_after_ms, waiting_signal,
+                                    n, i)
+), fenced AS (
+    SELECT batch.* FROM batch
+      JOIN wal_events p ON p.task_id = batch.task_id AND p.seq = batch.expected_seq
+       AND p.hash = batch.prev_hash AND p.epoch = batch.epoch
+       AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
+), moved AS (
     UPDATE wal_tasks AS t
-       SET head_seq = b.expected_seq + b.n, head_hash = b.new_hash,
-           status = coalesce(b.new_status, t.status),
-           status_path = CASE WHEN b.status_path IS NULL THEN NULL
-                              ELSE string_to_array(b.status_path, ',') END,
-           updated_at = now(),
-           wake_at = CASE WHEN b.new_status = 'WAITING'
-                          THEN now() + b.wake_after_ms * interval '1 millisecond'
+       SET head_seq = f.expected_seq + f.n,
+           head_hash = f.new_hash, status = f.new_status,
+           status_path = string_to_array(f.status_path, ','), updated_at = now(),
+           wake_at = CASE WHEN f.new_status = 'WAITING'
+                          THEN now() + f.wake_after_ms * interval '1 millisecond'
                           ELSE t.wake_at END,
-           waiting_signal = CASE WHEN b.new_status = 'WAITING' THEN b.waiting_signal
+           waiting_signal = CASE WHEN f.new_status = 'WAITING' THEN f.waiting_signal
                                  ELSE t.waiting_signal END,
-           lease_owner = CASE WHEN b.new_status IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           lease_owner = CASE WHEN f.new_status IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                               THEN NULL ELSE t.lease_owner END,
-           lease_expires_at = CASE WHEN b.new_status IN ('WAITING', 'RESUMING', 'COMPLETED',
+           lease_expires_at = CASE WHEN f.new_status IN ('WAITING', 'RESUMING', 'COMPLETED',
                                                          'FAILED')
                                    THEN NULL ELSE t.lease_expires_at END
-      FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[], $6::text[],
-                  $7::text[], $15::int4[], $17::int8[], $18::text[])
-               WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
-                                    new_status, status_path, n, wake_after_ms, waiting_signal, i)
-     WHERE t.task_id = b.task_id AND t.lease_epoch = b.epoch
-       AND t.head_seq = b.expected_seq AND t.head_hash = b.prev_hash
- RETURNING b.i, t.task_id, b.epoch, b.expected_seq
+      FROM fenced AS f
+     WHERE f.new_status IS NOT NULL AND t.task_id = ANY ($1::text[])
+       AND t.task_id = f.task_id AND t.lease_epoch = f.epoch
+ RETURNING f.i
+), accepted AS (
+    SELECT i, task_id, epoch, expected_seq, prev_hash FROM fenced WHERE new_status IS NULL
+    UNION ALL
+    SELECT f.i, f.task_id, f.epoch, f.expected_seq, f.prev_hash
+      FROM fenced f JOIN moved m ON m.i = f.i
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
                             prev_hash, hash)
-    SELECT heads.task_id, heads.expected_seq + e.offset_in_task, e.type, e.version,
-           heads.epoch, e.payload, e.idempotency_key, e.prev_hash, e.hash
-      FROM unnest($8::int8[], $9::int4[], $10::text[], $11::int2[], $12::bytea[],
-                  $13::text[], $14::bytea[], $16::bytea[])
+    SELECT a.task_id, a.expected_seq + e.offset_in_task, e.type, e.version, a.epoch,
+           e.payload, e.idempotency_key, e.prev_hash, e.hash
+      FROM unnest($10::int8[], $11::int4[], $12::text[], $13::int2[], $14::bytea[],
+                  $15::text[], $16::bytea[], $17::bytea[])
                AS e(task_index, offset_in_task, type, version, payload, idempotency_key,
                     prev_hash, hash)
-      JOIN heads ON heads.i = e.task_index
+      JOIN accepted a ON a.i = e.task_index
     RETURNING 1
 )
-SELECT heads.task_id, (SELECT count(*) FROM inserted) AS events FROM heads
+SELECT a.task_id, (SELECT count(*) FROM inserted) AS events FROM accepted a
 """
 
+# The head of a task: its row, with head_seq/head_hash taken from the log's last event
+# (the row's own copy is only as new as the last status move).
 READ_HEAD: Final = """
-SELECT task_id, agent, status, head_seq, head_hash, lease_owner, lease_epoch,
-       lease_expires_at, wake_at, waiting_signal, budget::text AS budget, parent_task_id,
-       parent_seq, attempts, created_at, started_at, updated_at
-  FROM wal_tasks WHERE task_id = $1
+SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
+       t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,
+       t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
+       t.started_at, t.updated_at
+  FROM wal_tasks t
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
+                       ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.task_id = $1
 """
+
+# The last event of a task (to classify a refused append).
+READ_LAST_EVENT: Final = """
+SELECT seq, epoch, type FROM wal_events WHERE task_id = $1 ORDER BY seq DESC LIMIT 1
+"""
+
+# The head as the task row records it (last status move), for verification.
+READ_RECORDED_HEAD: Final = "SELECT head_seq, head_hash FROM wal_tasks WHERE task_id = $1"
 
 READ_EVENTS: Final = """
 SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
@@ -132,16 +209,27 @@ SELECT seq, hash FROM wal_events
  LIMIT $4
 """
 
-LIST_TASKS: Final = """
-SELECT task_id, agent, status, head_seq, head_hash, lease_owner, lease_epoch,
-       lease_expires_at, wake_at, waiting_signal, budget::text AS budget, parent_task_id,
-       parent_seq, attempts, created_at, started_at, updated_at
-  FROM wal_tasks
- WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR agent = $2)
-   AND task_id > $3
- ORDER BY task_id
- LIMIT $4
+_LIST_TASKS: Final = """
+SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
+       t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,
+       t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
+       t.started_at, t.updated_at
+  FROM wal_tasks t
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
+                       ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.task_id > $1 {filters}
+ ORDER BY t.task_id
+ LIMIT $2
 """
+
+# One statement per combination of filters: "($n IS NULL OR col = $n)" would make the
+# generic plan of a prepared statement scan the whole table.
+LIST_TASKS: Final = {
+    (False, False): _LIST_TASKS.format(filters=""),
+    (True, False): _LIST_TASKS.format(filters="AND t.status = $3"),
+    (False, True): _LIST_TASKS.format(filters="AND t.agent = $3"),
+    (True, True): _LIST_TASKS.format(filters="AND t.status = $3 AND t.agent = $4"),
+}
 
 # Heartbeat: one statement renews every lease a worker holds, each fenced by its epoch.
 # Returns the tasks still held; a task missing from the answer was lost.
@@ -154,7 +242,7 @@ UPDATE wal_tasks AS t
 RETURNING t.task_id
 """
 
-CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3)"
+CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[])"
 
 BREAK_LEASES: Final = "SELECT * FROM wal_break_leases($1)"
 

@@ -12,12 +12,13 @@ import orjson
 import structlog
 
 from wal_engine import events as vocabulary
-from wal_engine import limits
-from wal_engine.chain import GENESIS_HASH, ChainVerifier, VerifyReport, event_hash
+from wal_engine import limits, metrics
+from wal_engine.chain import GENESIS_HASH, ChainVerifier, VerifyReport, Violation, event_hash
 from wal_engine.errors import (
     AmbiguousCommit,
     ConcurrencyConflict,
     DatabaseUnavailable,
+    IllegalTransition,
     InvalidInput,
     LeaseLost,
     TaskAlreadyExists,
@@ -33,6 +34,8 @@ from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, T
 log = structlog.get_logger(__name__)
 
 ambiguous_resolve_s: Final = 30.0
+
+TERMINAL_EVENT_TYPES: Final = frozenset({"task_completed", "task_failed", "task_cancelled"})
 """How long an append whose commit outcome is unknown may take to be resolved."""
 
 
@@ -176,10 +179,9 @@ class Store:
     ) -> list[TaskHead]:
         """Heads ordered by task id, filtered; page with ``after_task_id``."""
         limit = max(1, min(limit, 10_000))
-        rows = await self.database.fetch(
-            queries.LIST_TASKS, None if status is None else str(status), agent,
-            after_task_id, limit,
-        )
+        filters = [str(value) for value in (status, agent) if value is not None]
+        statement = queries.LIST_TASKS[(status is not None, agent is not None)]
+        rows = await self.database.fetch(statement, after_task_id, limit, *filters)
         return [head_from_row(row) for row in rows]
 
     # ------------------------------------------------------------------ appends
@@ -212,22 +214,21 @@ class Store:
         )
         if status is not None and batch.path:
             check_path(status, (Status(name) for name in batch.path), task_id)
-        args = (
-            task_id, epoch, expected_seq, prev_hash, batch.new_hash, batch.new_status,
-            batch.path or None, batch.types, batch.versions, batch.payloads,
-            batch.idempotency_keys, batch.prev_hashes, batch.hashes,
-            batch.wake_after_ms, batch.waiting_signal,
-        )
+        statement, args = _append_statement(task_id, epoch, expected_seq, prev_hash, batch)
         if connection is not None:
-            rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id,
+            rows = await self.database.fetch(statement, *args, task_id=task_id,
                                              connection=connection)
             if len(rows) != len(events):
                 raise await self._rejection(task_id, epoch, expected_seq)
             return _accepted(task_id, expected_seq, len(events), batch)
+        started = metrics.clock()
         try:
-            rows = await self.database.fetch(queries.APPEND_EVENTS, *args, task_id=task_id)
+            rows = await self.database.fetch(statement, *args, task_id=task_id)
         except CONNECTION_ERRORS as error:
             rows = await self._resolve_ambiguous(task_id, expected_seq, batch, error)
+        except asyncpg.UniqueViolationError:
+            rows = []  # Another writer took the seq first: classified below.
+        metrics.append_observed("single", started)
         if len(rows) != len(events):
             raise await self._rejection(task_id, epoch, expected_seq)
         return _accepted(task_id, expected_seq, len(events), batch)
@@ -252,7 +253,14 @@ class Store:
             )
             for a in appends
         ]
-        rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches))
+        started = metrics.clock()
+        try:
+            rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches))
+        except asyncpg.UniqueViolationError:
+            # A racing writer took a seq of one of the tasks: the shared statement is void;
+            # append task by task so that only that task is refused.
+            return await self._append_each(appends, batches)
+        metrics.append_observed("group", started)
         accepted = {row["task_id"] for row in rows}
         results: dict[str, AppendResult | WalError] = {}
         for append, batch in zip(appends, batches, strict=True):
@@ -266,15 +274,37 @@ class Store:
                 )
         return results
 
+    async def _append_each(
+        self, appends: Sequence[PendingAppend], batches: Sequence[_Batch]
+    ) -> dict[str, AppendResult | WalError]:
+        results: dict[str, AppendResult | WalError] = {}
+        for append, batch in zip(appends, batches, strict=True):
+            try:
+                results[append.task_id] = await self.append_events(
+                    append.task_id, append.events, epoch=append.epoch,
+                    expected_seq=append.expected_seq, prev_hash=append.prev_hash,
+                    encoded=[(t, v, p) for t, v, p in zip(batch.types, batch.versions,
+                                                          batch.payloads, strict=True)],
+                )
+            except WalError as error:
+                results[append.task_id] = error
+        return results
+
     async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
-        """Classify an append that matched no head (second round trip, failure path only)."""
-        try:
-            head = await self.read_head(task_id)
-        except UnknownTask as error:
-            return error
-        if head.lease_epoch != epoch:
-            return LeaseLost(task_id, epoch, head.lease_epoch)
-        return ConcurrencyConflict(task_id, expected_seq, head.head_seq)
+        """Classify a refused append (a second round trip, on the failure path only).
+
+        Every epoch change is an event with the new epoch, so the log's last event tells
+        a fenced writer (newer epoch) from one that lost a race for the seq.
+        """
+        row = await self.database.fetchrow(queries.READ_LAST_EVENT, task_id, task_id=task_id)
+        if row is None:
+            return UnknownTask(task_id)
+        if row["epoch"] != epoch:
+            current = await self.database.fetchrow(queries.READ_HEAD, task_id, task_id=task_id)
+            return LeaseLost(task_id, epoch, None if current is None else current["lease_epoch"])
+        if row["type"] in TERMINAL_EVENT_TYPES:
+            return IllegalTransition(task_id, "terminal", "append")
+        return ConcurrencyConflict(task_id, expected_seq, int(row["seq"]))
 
     async def _resolve_ambiguous(
         self, task_id: str, expected_seq: int, batch: _Batch, error: BaseException
@@ -355,20 +385,61 @@ class Store:
         return records
 
     async def verify_task(self, task_id: str) -> VerifyReport:
-        """Recompute the task's chain from the stored rows and compare with its head."""
-        head = await self.read_head(task_id)
+        """Recompute the task's chain from the stored rows and compare with its head.
+
+        The task row records the head as of its last status move; the log must reach it
+        with the same hash (a tail deleted below it is caught here; a tail deleted above it
+        only by an external anchor, RELIABILITY.md S7).
+        """
+        recorded = await self.database.fetchrow(queries.READ_RECORDED_HEAD, task_id,
+                                                task_id=task_id)
+        if recorded is None:
+            raise UnknownTask(task_id)
         verifier = ChainVerifier(task_id)
+        hash_at_recorded_head: bytes | None = None
         async for record in self.stream_events(task_id):
             if not verifier.feed(record):
                 break
-        return verifier.report(head.head_seq, head.head_hash)
+            if record.seq == recorded["head_seq"]:
+                hash_at_recorded_head = record.hash
+        report = verifier.report()
+        if report.ok and hash_at_recorded_head != recorded["head_hash"]:
+            violation = Violation(
+                seq=min(verifier.last_seq, int(recorded["head_seq"])) + 1
+                if hash_at_recorded_head is None else int(recorded["head_seq"]),
+                kind="head",
+                detail=f"the task row records head seq {recorded['head_seq']}, which the log "
+                       f"{'does not reach' if hash_at_recorded_head is None else 'contradicts'}",
+            )
+            report = msgspec.structs.replace(report, violation=violation)
+        return report
 
 
 def _accepted(task_id: str, expected_seq: int, count: int, batch: _Batch) -> AppendResult:
+    metrics.events_appended(count)
     return AppendResult(
         task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + count,
         head_hash=batch.new_hash,
         status=None if batch.new_status is None else Status(batch.new_status),
+    )
+
+
+def _append_statement(
+    task_id: str, epoch: int, expected_seq: int, prev_hash: bytes, batch: _Batch
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement and arguments for one task's batch: observations touch only the log."""
+    if batch.new_status is None and len(batch.types) == 1:
+        return queries.OBSERVE_ONE, (
+            task_id, epoch, expected_seq, prev_hash, batch.types[0], batch.versions[0],
+            batch.payloads[0], batch.idempotency_keys[0], batch.hashes[0],
+        )
+    columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
+               batch.hashes)
+    if batch.new_status is None:
+        return queries.OBSERVE_MANY, (task_id, epoch, expected_seq, prev_hash, *columns)
+    return queries.TRANSITION, (
+        task_id, epoch, expected_seq, prev_hash, *columns, batch.new_status, batch.path,
+        batch.wake_after_ms, batch.waiting_signal,
     )
 
 
@@ -396,9 +467,9 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
         [a.expected_seq for a in appends], [a.prev_hash for a in appends],
         [b.new_hash for b in batches], [b.new_status for b in batches],
         [",".join(b.path) if b.path else None for b in batches],
-        task_index, offsets, types, versions, payload_list, keys, prev_hashes,
-        [len(b.types) for b in batches], hashes,
         [b.wake_after_ms for b in batches], [b.waiting_signal for b in batches],
+        task_index, offsets, types, versions, payload_list, keys, prev_hashes, hashes,
+        [len(b.types) for b in batches],
     )
 
 

@@ -23,7 +23,6 @@ import re
 import zlib
 from typing import Any, Final, Protocol
 
-from wal_engine import limits
 from wal_engine.errors import CorruptionError, InvalidPayload
 from wal_engine.payloads import validate_json_value
 
@@ -37,12 +36,12 @@ plain form, whose next character after ``lg`` is always ``-``)."""
 _plain_thread_id: Final = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 version_digits_min: Final = 12
-"""Zero-padded width of the counter part of the channel versions this saver mints."""
+"""Zero-padded width of the counter of string versions (threads that came with them)."""
 
 version_random_bits: Final = 48
-"""Random bits after the counter, so versions minted on two forks of a thread differ."""
+"""Random bits after the counter of string versions, as LangGraph's own savers mint them."""
 
-compress_min_bytes: Final = 512
+compress_min_bytes: Final = 256
 """Serialized values at least this long are tried with zlib."""
 
 compress_level: Final = 3
@@ -87,13 +86,12 @@ def version_key(version: object) -> str:
 
 
 def next_version(current: str | int | float | None) -> str:
-    """The next channel version: a zero-padded counter, a dot, random hex.
+    """The next string channel version: a zero-padded counter, a dot, random hex.
 
-    Versions compare as strings (LangGraph takes ``max`` of them and compares them with
-    ``>``), so the counter is zero-padded to at least :data:`version_digits_min` digits and
-    never narrower than the version it follows. The random part keeps versions minted on two
-    forks of one thread (time travel) distinct: the value stored for a version is looked up
-    by the version.
+    The saver mints integers; this continues a thread whose versions are strings (written by
+    LangGraph's Postgres or in-memory saver and copied here). String versions compare as
+    strings (LangGraph takes ``max`` of them and compares them with ``>``), so the counter is
+    zero-padded and never narrower than the version it follows.
     """
     width = version_digits_min
     if current is None:
@@ -162,15 +160,6 @@ def _inflate(packed: bytes) -> bytes:
     return data
 
 
-def json_or_none(value: Any) -> Any:
-    """``value`` if it is storable plain JSON, else None (for optional audit fields)."""
-    try:
-        validate_json_value(value)
-    except InvalidPayload:
-        return None
-    return value
-
-
 def split_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint without its channel values (what a checkpoint event stores inline).
 
@@ -182,6 +171,3 @@ def split_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     validate_json_value(skeleton)
     return skeleton
 
-
-payload_bytes_max_default: Final = limits.payload_bytes_max
-"""The saver's default cap on one event's payload: the store's own default."""

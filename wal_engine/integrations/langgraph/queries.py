@@ -54,42 +54,45 @@ CREATE TABLE IF NOT EXISTS wal_graph_writes (
 
 # ----------------------------------------------------------------------------- appends
 
-# One event of a thread's task, appended under the saver's lease epoch, with its index row,
-# in one statement and one commit. The database assigns the seq and computes the chain hash
-# (wal_event_hash, the same function as wal_engine/chain.py) under the task row's lock, so
-# concurrent appends of one epoch serialise on the row instead of failing on a stale head;
-# the epoch is the fence. Parameters:
-#   $1 task id   $2 epoch   $3 event type   $4 version   $5 payload
-#   $6 index row: 'checkpoint', 'writes' or NULL (retention events)
-#   $7 namespace   $8 checkpoint id   $9 run id   $10 seqs of the events holding its refs
-# Returns the new seq, or no row when the epoch is not the task's (fenced, or no task).
-APPEND_EVENT: Final = """
+# One event of a thread's task, appended under the saver's lease in one statement and one
+# commit, as the store appends (queries.APPEND_EVENTS): the head moves only if the epoch,
+# head seq and head hash are still the ones the saver holds; the event is inserted only if
+# the head moved; no row back means fenced or stale. The chain hash is computed by the saver
+# (wal_engine.chain.event_hash). Parameters:
+#   $1 task id   $2 epoch   $3 head seq   $4 head hash   $5 new hash
+#   $6 event type   $7 version   $8 payload
+_APPEND: Final = """
 WITH head AS (
-    SELECT head_seq, head_hash FROM wal_tasks
-     WHERE task_id = $1 AND lease_epoch = $2
-       FOR UPDATE
-), event AS (
-    SELECT head_seq + 1 AS seq, head_hash AS prev_hash,
-           wal_event_hash(head_hash, $1, head_seq + 1, $3, $4, $2, $5) AS hash
-      FROM head
-), moved AS (
-    UPDATE wal_tasks t SET head_seq = event.seq, head_hash = event.hash, updated_at = now()
-      FROM event
-     WHERE t.task_id = $1
-    RETURNING t.head_seq
+    UPDATE wal_tasks SET head_seq = $3 + 1, head_hash = $5, updated_at = now()
+     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
+    RETURNING task_id
 ), appended AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
-    SELECT $1, event.seq, $3, $4, $2, $5, event.prev_hash, event.hash FROM event
+    SELECT $1, $3 + 1, $6, $7, $2, $8, $4, $5 FROM head
     RETURNING seq
-), checkpoint_row AS (
+)"""
+
+# A retention event: no index row.
+APPEND_EVENT: Final = _APPEND + """
+SELECT seq FROM appended
+"""
+
+# A checkpoint and its index row: $9 namespace, $10 checkpoint id, $11 run id, $12 the seqs of
+# the events holding its unchanged channel values. A checkpoint put again replaces its row.
+APPEND_CHECKPOINT: Final = _APPEND + """, indexed AS (
     INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id,
                                        ref_seqs)
-    SELECT $1, $7, $8, event.seq, $9, $10::int8[] FROM event WHERE $6::text = 'checkpoint'
+    SELECT $1, $9, $10, seq, $11, $12::int8[] FROM appended
     ON CONFLICT (task_id, checkpoint_ns, checkpoint_id)
     DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id, ref_seqs = EXCLUDED.ref_seqs
-), write_row AS (
+)
+SELECT seq FROM appended
+"""
+
+# Writes and their index row: $9 namespace, $10 checkpoint id.
+APPEND_WRITES: Final = _APPEND + """, indexed AS (
     INSERT INTO wal_graph_writes (task_id, checkpoint_ns, checkpoint_id, seq)
-    SELECT $1, $7, $8, event.seq FROM event WHERE $6::text = 'writes'
+    SELECT $1, $9, $10, seq FROM appended
 )
 SELECT seq FROM appended
 """
@@ -97,7 +100,7 @@ SELECT seq FROM appended
 # ----------------------------------------------------------------------------- leases
 
 READ_LEASE: Final = """
-SELECT agent, status, lease_epoch, lease_owner, attempts FROM wal_tasks WHERE task_id = $1
+SELECT status, lease_epoch, lease_owner, head_seq, head_hash FROM wal_tasks WHERE task_id = $1
 """
 
 LOCK_TASK: Final = """
@@ -107,7 +110,7 @@ SELECT agent, status, lease_epoch, lease_owner, attempts FROM wal_tasks
 """
 
 LOCK_TASK_FENCED: Final = """
-SELECT head_seq FROM wal_tasks WHERE task_id = $1 AND lease_epoch = $2 FOR UPDATE
+SELECT head_seq, head_hash FROM wal_tasks WHERE task_id = $1 AND lease_epoch = $2 FOR UPDATE
 """
 
 # A takeover of a task still leased by another writer (presumed gone): fence it by bumping
@@ -268,6 +271,26 @@ WITH removed AS (
        AND w.checkpoint_id = r.checkpoint_id
 )
 SELECT count(*) AS removed FROM removed
+"""
+
+# ----------------------------------------------------------------------------- rebuild
+
+CLEAR_INDEX: Final = """
+WITH checkpoints AS (
+    DELETE FROM wal_graph_checkpoints WHERE task_id = $1
+)
+DELETE FROM wal_graph_writes WHERE task_id = $1
+"""
+
+INDEX_CHECKPOINT: Final = """
+INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id, ref_seqs)
+VALUES ($1, $2, $3, $4, $5, $6::int8[])
+ON CONFLICT (task_id, checkpoint_ns, checkpoint_id)
+DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id, ref_seqs = EXCLUDED.ref_seqs
+"""
+
+INDEX_WRITES: Final = """
+INSERT INTO wal_graph_writes (task_id, checkpoint_ns, checkpoint_id, seq) VALUES ($1, $2, $3, $4)
 """
 
 HAS_DELTA_CHANNELS: Final = """

@@ -11,23 +11,26 @@ remove writes nothing and does not take the thread's lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
-
-import asyncpg
 
 from wal_engine import events as vocabulary
 from wal_engine.errors import TaskAlreadyExists
 from wal_engine.integrations.langgraph import queries
-from wal_engine.integrations.langgraph.codec import thread_task_id, version_key
+from wal_engine.integrations.langgraph.codec import thread_task_id
 from wal_engine.integrations.langgraph.reading import (
-    Fetch,
     StoredCheckpoint,
     decode_row,
-    resolve_values,
     writes_events_max,
 )
-from wal_engine.integrations.langgraph.thread_log import AGENT, ThreadLog
+from wal_engine.integrations.langgraph.thread_log import (
+    AGENT,
+    LockedTask,
+    ThreadLog,
+    checkpoint_index,
+    writes_index,
+)
+from wal_engine.store import queries as store_queries
 
 namespaces_max: Final = 10_000
 """Most checkpoint namespaces of one thread that ``prune`` handles."""
@@ -35,8 +38,14 @@ namespaces_max: Final = 10_000
 copy_checkpoints_max: Final = 100_000
 """Most checkpoints ``copy_thread`` copies (larger threads: prune first, or archive)."""
 
+Fetch = Callable[..., Awaitable[list[Any]]]
+"""Runs one query: ``Database.fetch`` on the pool, or a transaction's ``connection.fetch``."""
+
 copy_page_checkpoints: Final = 500
 """Checkpoints read per round trip while copying."""
+
+rebuild_page_events: Final = 1000
+"""Events read per round trip by ``rebuild_index``."""
 
 run_tasks_page: Final = 100
 """Threads handled per round of ``delete_for_runs``."""
@@ -65,15 +74,15 @@ class Retention:
         if counts["checkpoints"] == 0 and counts["writes"] == 0:
             return
 
-        async def work(connection: asyncpg.Connection, task_id: str, epoch: int) -> None:
-            counts = await connection.fetchrow(queries.THREAD_COUNTS, task_id)
+        async def work(locked: LockedTask) -> None:
+            counts = await locked.connection.fetchrow(queries.THREAD_COUNTS, task_id)
             if counts["checkpoints"] == 0 and counts["writes"] == 0:
                 return
             removal = vocabulary.GraphCheckpointsRemoved(
                 operation=operation, checkpoints_removed=int(counts["checkpoints"])
             )
-            seq = await self.thread_log.append_locked(connection, task_id, epoch, removal)
-            await connection.fetchrow(queries.DELETE_THREAD_ROWS, task_id, seq)
+            seq = await locked.append(removal)
+            await locked.connection.fetchrow(queries.DELETE_THREAD_ROWS, task_id, seq)
 
         await self.thread_log.transact(thread_id, work)
 
@@ -91,7 +100,8 @@ class Retention:
                 return
 
     async def _delete_runs_of(self, thread_id: str, run_ids: list[str]) -> None:
-        async def work(connection: asyncpg.Connection, task_id: str, epoch: int) -> None:
+        async def work(locked: LockedTask) -> None:
+            connection, task_id = locked.connection, locked.task_id
             found = await connection.fetchrow(queries.COUNT_RUN_CHECKPOINTS, task_id, run_ids)
             if found["checkpoints"] == 0:
                 return
@@ -99,10 +109,37 @@ class Retention:
                 operation="delete_for_runs", run_ids=run_ids,
                 checkpoints_removed=int(found["checkpoints"]),
             )
-            seq = await self.thread_log.append_locked(connection, task_id, epoch, removal)
+            seq = await locked.append(removal)
             await connection.fetchrow(queries.DELETE_RUN_ROWS, task_id, seq, run_ids)
 
         await self.thread_log.transact(thread_id, work)
+
+    # ------------------------------------------------------------------ rebuild
+
+    async def rebuild_index(self, thread_id: str) -> int:
+        """Rebuild the thread's index rows from its events alone; return the events read.
+
+        The index tables are derived data: checkpoint and writes events add rows, each
+        removal event drops what it names. Runs in one transaction holding the task row (no
+        append meanwhile); it takes no lease and appends nothing.
+        """
+        task_id = thread_task_id(thread_id)
+        read = 0
+        async with self.database.pool.acquire() as connection:
+            async with connection.transaction():
+                if await connection.fetchrow(queries.LOCK_TASK, task_id) is None:
+                    return 0
+                await connection.execute(queries.CLEAR_INDEX, task_id)
+                next_seq = 1
+                while True:
+                    rows = await connection.fetch(store_queries.READ_EVENTS, task_id,
+                                                  next_seq, 2**62, rebuild_page_events)
+                    for row in rows:
+                        await _reindex(connection, task_id, row)
+                    read += len(rows)
+                    if len(rows) < rebuild_page_events:
+                        return read
+                    next_seq = int(rows[-1]["seq"]) + 1
 
     # ------------------------------------------------------------------ prune
 
@@ -112,7 +149,8 @@ class Retention:
         if not await _prunable(self.database.fetch, task_id):
             return
 
-        async def work(connection: asyncpg.Connection, task_id: str, epoch: int) -> None:
+        async def work(locked: LockedTask) -> None:
+            connection = locked.connection
             latest = await _prunable(connection.fetch, task_id)
             if not latest:
                 return
@@ -129,34 +167,12 @@ class Retention:
                 operation="prune_keep_latest", kept=kept,
                 checkpoints_removed=int(counts["checkpoints"]) - len(kept),
             )
-            seq = await self.thread_log.append_locked(connection, task_id, epoch, removal)
+            seq = await locked.append(removal)
             await connection.fetchrow(
                 queries.PRUNE_ROWS, task_id, seq, list(kept), list(kept.values())
             )
-            await self._collect_values(connection, task_id, seq, kept)
 
         await self.thread_log.transact(thread_id, work)
-
-    async def _collect_values(
-        self, connection: asyncpg.Connection, task_id: str, seq: int, kept: dict[str, str]
-    ) -> None:
-        """Drop index rows of stored values that no kept checkpoint reads."""
-        stored: list[StoredCheckpoint] = []
-        for namespace, checkpoint_id in kept.items():
-            row = await connection.fetchrow(
-                queries.READ_CHECKPOINT, task_id, namespace, checkpoint_id, writes_events_max
-            )
-            stored.append(decode_row(row, task_id, None))
-        await resolve_values(connection.fetch, stored)
-        columns: tuple[list[str], list[str], list[str], list[int]] = ([], [], [], [])
-        for item in stored:
-            versions = item.event.checkpoint.get("channel_versions") or {}
-            for channel, source in item.sources.items():
-                columns[0].append(item.event.checkpoint_ns)
-                columns[1].append(channel)
-                columns[2].append(version_key(versions[channel]))
-                columns[3].append(source)
-        await connection.execute(queries.PRUNE_VALUES, task_id, seq, *columns)
 
     # ------------------------------------------------------------------ copy
 
@@ -166,14 +182,13 @@ class Retention:
         stored = await self._read_thread(source_task, source_thread_id)
         if not stored:
             return
-        await resolve_values(self.database.fetch, stored)
         stored.sort(key=lambda item: item.seq)
         await self._create_copy_target(target_thread_id, source_task)
 
-        async def work(connection: asyncpg.Connection, task_id: str, epoch: int) -> None:
-            emitted: dict[tuple[str, str, str], Any] = {}
+        async def work(locked: LockedTask) -> None:
+            holders: dict[tuple[str, str], tuple[Any, int]] = {}
             for item in stored:
-                await self._copy_checkpoint(connection, task_id, epoch, item, emitted)
+                await _copy_checkpoint(locked, item, holders)
 
         await self.thread_log.transact(target_thread_id, work)
 
@@ -190,48 +205,17 @@ class Retention:
         except TaskAlreadyExists:
             pass  # Created meanwhile by a write to the target: the copy appends to it.
 
-    async def _copy_checkpoint(
-        self, connection: asyncpg.Connection, task_id: str, epoch: int,
-        item: StoredCheckpoint, emitted: dict[tuple[str, str, str], Any],
-    ) -> None:
-        """Append one copied checkpoint with the values the target does not hold yet."""
-        event = item.event
-        versions = event.checkpoint.get("channel_versions") or {}
-        values: dict[str, Any] = {}
-        for channel, entry in item.values.items():
-            key = (event.checkpoint_ns, channel, version_key(versions[channel]))
-            if emitted.get(key) != entry:
-                values[channel] = entry
-                emitted[key] = entry
-        copied = vocabulary.GraphCheckpointSaved(
-            checkpoint_ns=event.checkpoint_ns, checkpoint_id=event.checkpoint_id,
-            parent_checkpoint_id=event.parent_checkpoint_id, checkpoint=event.checkpoint,
-            metadata=event.metadata, values=values,
-        )
-        run_id = event.metadata.get("run_id")
-        await self.thread_log.append_locked(
-            connection, task_id, epoch, copied, checkpoint_ns=event.checkpoint_ns,
-            checkpoint_id=event.checkpoint_id, run_id=None if run_id is None else str(run_id),
-            channels=list(values), version_keys=[version_key(v["v"]) for v in values.values()],
-        )
-        for writes in item.writes:
-            await self.thread_log.append_locked(
-                connection, task_id, epoch, writes, checkpoint_ns=writes.checkpoint_ns,
-                checkpoint_id=writes.checkpoint_id, writer=writes.graph_task_id,
-                idxs=[int(entry["i"]) for entry in writes.writes],
-            )
-
     async def _read_thread(self, task_id: str, thread_id: str) -> list[StoredCheckpoint]:
         """Every visible checkpoint of a thread (all namespaces), page by page."""
         stored: list[StoredCheckpoint] = []
         cursor: tuple[str, str] | None = None
         while len(stored) < copy_checkpoints_max:
             rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, None, None, None, None,
+                queries.LIST_THREAD, task_id, None, None,
                 None if cursor is None else cursor[0], None if cursor is None else cursor[1],
                 copy_page_checkpoints, writes_events_max, task_id=task_id,
             )
-            stored.extend(decode_row(row, task_id, thread_id) for row in rows)
+            stored.extend(decode_row(row, thread_id) for row in rows)
             if len(rows) < copy_page_checkpoints:
                 return stored
             cursor = (rows[-1]["checkpoint_id"], rows[-1]["checkpoint_ns"])
@@ -247,3 +231,68 @@ async def _prunable(fetch: Fetch, task_id: str) -> Sequence[Any]:
     if not latest or int(counts[0]["checkpoints"]) <= len(latest):
         return []
     return latest
+
+
+async def _copy_checkpoint(
+    locked: LockedTask, item: StoredCheckpoint,
+    holders: dict[tuple[str, str], tuple[Any, int]],
+) -> None:
+    """Append one copied checkpoint: values the target holds already become refs.
+
+    ``holders`` maps (namespace, channel) to the entry last stored in the target and the
+    seq of the target event holding it.
+    """
+    event = item.event
+    values: dict[str, Any] = {}
+    refs: dict[str, int] = {}
+    for channel, entry in item.entries.items():
+        held = holders.get((event.checkpoint_ns, channel))
+        if held is not None and held[0] == entry:
+            refs[channel] = held[1]
+        else:
+            values[channel] = entry
+    copied = vocabulary.GraphCheckpointSaved(
+        checkpoint_ns=event.checkpoint_ns, checkpoint_id=event.checkpoint_id,
+        parent_checkpoint_id=event.parent_checkpoint_id, checkpoint=event.checkpoint,
+        metadata=event.metadata, values=values, refs=refs,
+    )
+    run_id = event.metadata.get("run_id")
+    seq = await locked.append(copied, checkpoint_index(
+        event.checkpoint_ns, event.checkpoint_id,
+        None if run_id is None else str(run_id), sorted(set(refs.values())),
+    ))
+    for channel, entry in values.items():
+        holders[(event.checkpoint_ns, channel)] = (entry, seq)
+    for writes in item.writes:
+        await locked.append(writes, writes_index(writes.checkpoint_ns, writes.checkpoint_id))
+
+
+async def _reindex(connection: Any, task_id: str, row: Any) -> None:
+    """Apply one event to the thread's index rows (see ``Retention.rebuild_index``)."""
+    seq = int(row["seq"])
+    kind = row["type"]
+    if kind not in ("graph_checkpoint_saved", "graph_writes_saved", "graph_checkpoints_removed",
+                    "task_submitted"):
+        return
+    event = vocabulary.decode_event(kind, row["version"], row["payload"], seq)
+    if isinstance(event, vocabulary.TaskSubmitted):
+        thread_id = event.input.get("thread_id") if isinstance(event.input, dict) else None
+        if isinstance(thread_id, str):
+            await connection.execute(queries.MAP_THREAD, task_id, thread_id)
+    elif isinstance(event, vocabulary.GraphCheckpointSaved):
+        run_id = event.metadata.get("run_id")
+        await connection.execute(
+            queries.INDEX_CHECKPOINT, task_id, event.checkpoint_ns, event.checkpoint_id, seq,
+            None if run_id is None else str(run_id), sorted(set(event.refs.values())),
+        )
+    elif isinstance(event, vocabulary.GraphWritesSaved):
+        await connection.execute(queries.INDEX_WRITES, task_id, event.checkpoint_ns,
+                                 event.checkpoint_id, seq)
+    elif isinstance(event, vocabulary.GraphCheckpointsRemoved):
+        if event.operation == "prune_keep_latest":
+            await connection.fetchrow(queries.PRUNE_ROWS, task_id, seq, list(event.kept),
+                                      list(event.kept.values()))
+        elif event.operation == "delete_for_runs":
+            await connection.fetchrow(queries.DELETE_RUN_ROWS, task_id, seq, event.run_ids)
+        else:
+            await connection.fetchrow(queries.DELETE_THREAD_ROWS, task_id, seq)

@@ -2,10 +2,15 @@
 
 Each LangGraph thread is one wal-engine task (see :mod:`.thread_log` for the lease rules).
 ``put`` appends a ``graph_checkpoint_saved`` event holding the checkpoint without its channel
-values, its metadata, and only the channel values whose version changed (LangGraph's
-``new_versions``), so storage per checkpoint does not grow with the thread's history.
-``put_writes`` appends a ``graph_writes_saved`` event. A thread therefore gets the log's hash
-chain, ``verify``, history and audit views for free.
+values, its metadata, the channel values whose version changed (LangGraph's
+``new_versions``) and, for every other channel, the seq of the earlier event that holds its
+value (``refs``, known from the parent checkpoint, which the saver keeps in memory after
+reading or writing it). Storage per checkpoint therefore does not grow with the thread's
+history, and ``get_tuple`` reads the checkpoint, the few events it refers to and its writes
+in one round trip, whatever the thread's length. Values are found by seq, not by version,
+so channel versions are LangGraph's default integers. ``put_writes`` appends a
+``graph_writes_saved`` event. A thread gets the log's hash chain, ``verify``, history and
+audit views for free.
 
 Retention on an append-only log
 -------------------------------
@@ -26,6 +31,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -54,22 +60,27 @@ from wal_engine.integrations.langgraph.codec import (
     thread_task_id,
     version_key,
 )
+from wal_engine.integrations.langgraph.connection import open_database
 from wal_engine.integrations.langgraph.reading import (
+    ChannelMap,
     StoredCheckpoint,
     decode_row,
-    resolve_values,
+    parent_map,
     to_tuple,
     writes_events_max,
 )
 from wal_engine.integrations.langgraph.retention import Retention
-from wal_engine.integrations.langgraph.thread_log import ThreadLog
-from wal_engine.store import Database, Store
+from wal_engine.integrations.langgraph.thread_log import ThreadLog, checkpoint_index, writes_index
+from wal_engine.store import Store
 
 list_page_checkpoints: Final = 100
 """Checkpoints read per round trip by ``alist`` when no limit (or a larger one) is given."""
 
 list_checkpoints_max: Final = 1_000_000
 """Most checkpoints one ``alist`` call yields."""
+
+channel_maps_max: Final = 4096
+"""Checkpoints whose channel map the saver keeps in memory (its children's puts need it)."""
 
 
 def default_serde() -> SerializerProtocol:
@@ -88,7 +99,7 @@ def default_worker_id() -> str:
     return f"langgraph:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class WalCheckpointSaver(BaseCheckpointSaver[str]):
+class WalCheckpointSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer storing every thread as a wal-engine task.
 
     Use it like LangGraph's ``AsyncPostgresSaver``::
@@ -115,6 +126,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         self.database = store.database
         self.thread_log = ThreadLog(store, worker_id or default_worker_id())
         self.retention = Retention(self.thread_log)
+        self._channel_maps: OrderedDict[tuple[str, str, str], ChannelMap] = OrderedDict()
         self._setup_done = False
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -132,8 +144,12 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         cls, dsn: str | None = None, *, serde: SerializerProtocol | None = None,
         worker_id: str | None = None,
     ) -> AsyncIterator[WalCheckpointSaver]:
-        """Open a pool on ``dsn`` (wal-engine's DSN rules), set up, yield a saver, close."""
-        database = await Database.open(dsn)
+        """Open a pool on ``dsn`` (wal-engine's DSN rules), set up, yield a saver, close.
+
+        The pool keeps sessions on release (see :func:`.connection.open_database`): one round
+        trip per statement instead of two.
+        """
+        database = await open_database(dsn)
         try:
             saver = cls(Store(database), serde=serde, worker_id=worker_id)
             await saver.setup()
@@ -153,9 +169,39 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         if not self._setup_done:
             await self.setup()
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
-        """A zero-padded counter and random hex (see :func:`codec.next_version`)."""
-        return next_version(current)
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        """The next channel version: an integer, like LangGraph's default.
+
+        Values are found through the seqs recorded in each checkpoint, not by version, so
+        versions need not differ between forks. A thread whose versions are strings (one
+        copied from another saver) keeps getting strings (:func:`codec.next_version`).
+        """
+        if isinstance(current, str):
+            return next_version(current)
+        return 1 if current is None else int(current) + 1
+
+    def _remember(self, key: tuple[str, str, str], channels: ChannelMap) -> None:
+        self._channel_maps[key] = channels
+        self._channel_maps.move_to_end(key)
+        while len(self._channel_maps) > channel_maps_max:
+            self._channel_maps.popitem(last=False)
+
+    async def _parent_channels(self, task_id: str, namespace: str,
+                               parent_id: str | None) -> ChannelMap:
+        """Where the parent checkpoint's values are: from memory, else one read."""
+        if parent_id is None:
+            return {}
+        key = (task_id, namespace, parent_id)
+        cached = self._channel_maps.get(key)
+        if cached is not None:
+            return cached
+        row = await self.database.fetchrow(queries.READ_PARENT, task_id, namespace, parent_id,
+                                           task_id=task_id)
+        if row is None:
+            return {}  # Unknown or removed parent: the put stores every value itself.
+        channels = parent_map(int(row["seq"]), row["version"], row["payload"])
+        self._remember(key, channels)
+        return channels
 
     # ------------------------------------------------------------------ writes
 
@@ -180,7 +226,43 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         await self._ready()
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
+        task_id = thread_task_id(str(thread_id))
         namespace = configurable.get("checkpoint_ns", "")
+        parent_id = configurable.get("checkpoint_id")
+        inherited = await self._parent_channels(task_id, namespace, parent_id)
+        values, refs = self._split_values(checkpoint, new_versions, inherited)
+        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
+        run_id = stored_metadata.get("run_id")
+        skeleton = split_checkpoint(dict(checkpoint))
+        del skeleton["id"]  # It is the event's checkpoint_id.
+        event = vocabulary.GraphCheckpointSaved(
+            checkpoint_ns=namespace, checkpoint_id=checkpoint["id"],
+            parent_checkpoint_id=parent_id, checkpoint=skeleton, metadata=stored_metadata,
+            values=values, refs=refs,
+        )
+        seq = await self.thread_log.append(str(thread_id), event, checkpoint_index(
+            namespace, checkpoint["id"], None if run_id is None else str(run_id),
+            sorted(set(refs.values())),
+        ))
+        channels: ChannelMap = {channel: (version_key(entry["v"]), seq)
+                                for channel, entry in values.items()}
+        versions = checkpoint["channel_versions"]
+        channels.update({channel: (version_key(versions[channel]), ref_seq)
+                         for channel, ref_seq in refs.items()})
+        self._remember((task_id, namespace, checkpoint["id"]), channels)
+        return {"configurable": {
+            "thread_id": thread_id, "checkpoint_ns": namespace, "checkpoint_id": checkpoint["id"],
+        }}
+
+    def _split_values(
+        self, checkpoint: Checkpoint, new_versions: ChannelVersions, inherited: ChannelMap
+    ) -> tuple[dict[str, Any], dict[str, int]]:
+        """The values this checkpoint stores itself, and the refs of the others.
+
+        A channel in ``new_versions`` is stored. Any other channel with a value is referred
+        to the event holding it when the parent has that very version; otherwise (a put that
+        does not follow its parent, as LangGraph's loop always does) it is stored too.
+        """
         codec = self._codec
         channel_values = checkpoint["channel_values"]
         values = {
@@ -188,24 +270,16 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
             for channel, version in new_versions.items()
             if channel in channel_values
         }
-        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
-        run_id = stored_metadata.get("run_id")
-        event = vocabulary.GraphCheckpointSaved(
-            checkpoint_ns=namespace,
-            checkpoint_id=checkpoint["id"],
-            parent_checkpoint_id=configurable.get("checkpoint_id"),
-            checkpoint=split_checkpoint(dict(checkpoint)),
-            metadata=stored_metadata,
-            values=values,
-        )
-        await self.thread_log.append(
-            str(thread_id), event, checkpoint_ns=namespace, checkpoint_id=checkpoint["id"],
-            run_id=None if run_id is None else str(run_id), channels=list(values),
-            version_keys=[version_key(entry["v"]) for entry in values.values()],
-        )
-        return {"configurable": {
-            "thread_id": thread_id, "checkpoint_ns": namespace, "checkpoint_id": checkpoint["id"],
-        }}
+        refs: dict[str, int] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            if channel in values or channel not in channel_values:
+                continue
+            known = inherited.get(channel)
+            if known is not None and known[0] == version_key(version):
+                refs[channel] = known[1]
+            else:
+                values[channel] = {"v": version, **codec.encode(channel_values[channel])}
+        return values, refs
 
     async def aput_writes(
         self,
@@ -214,7 +288,10 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Append one task's pending writes against a checkpoint (idempotent per index).
+        """Append one task's pending writes against a checkpoint.
+
+        Readers keep one write per (task, index), as LangGraph's savers do, so saving the same
+        writes twice changes nothing they see (the log records both calls).
 
         Args:
             config: The checkpoint the writes belong to.
@@ -238,10 +315,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
             checkpoint_ns=namespace, checkpoint_id=checkpoint_id, graph_task_id=task_id,
             task_path=task_path, writes=entries, upsert=upsert,
         )
-        idxs = [int(entry["i"]) for entry in entries]
         await self.thread_log.append(
-            str(configurable["thread_id"]), event, checkpoint_ns=namespace,
-            checkpoint_id=checkpoint_id, writer=task_id, idxs=idxs, dedup=not upsert,
+            str(configurable["thread_id"]), event, writes_index(namespace, checkpoint_id)
         )
 
     # ------------------------------------------------------------------ reads
@@ -259,15 +334,24 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         task_id = thread_task_id(str(thread_id))
-        row = await self.database.fetchrow(
-            queries.READ_CHECKPOINT, task_id, configurable.get("checkpoint_ns", ""),
-            get_checkpoint_id(config), writes_events_max, task_id=task_id,
-        )
+        namespace = configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id is None:
+            row = await self.database.fetchrow(
+                queries.READ_LATEST, task_id, namespace, writes_events_max, task_id=task_id)
+        else:
+            row = await self.database.fetchrow(
+                queries.READ_BY_ID, task_id, namespace, checkpoint_id, writes_events_max,
+                task_id=task_id)
         if row is None:
             return None
-        stored = [decode_row(row, task_id, thread_id)]
-        await resolve_values(self.database.fetch, stored)
-        return to_tuple(stored[0], self._codec)
+        return self._loaded(decode_row(row, thread_id))
+
+    def _loaded(self, item: StoredCheckpoint) -> CheckpointTuple:
+        """The tuple of a read checkpoint; its channel map is kept for a child's put."""
+        self._remember((item.task_id, item.event.checkpoint_ns, item.event.checkpoint_id),
+                       item.channel_map())
+        return to_tuple(item, self._codec)
 
     async def alist(
         self,
@@ -289,47 +373,71 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
             Checkpoint tuples, paged :data:`list_page_checkpoints` at a time.
         """
         await self._ready()
+        if config is not None and get_checkpoint_id(config) is not None:
+            async for found in self._list_one(config, filter, before):
+                yield found
+            return
         remaining = list_checkpoints_max if limit is None else max(0, int(limit))
         metadata_filter = None if not filter else orjson.dumps(filter).decode()
         before_id = None if before is None else get_checkpoint_id(before)
-        cursor: tuple[str, str, str] | None = None
+        cursor: StoredCheckpoint | None = None
         while remaining > 0:
             page_size = min(remaining, list_page_checkpoints)
             page = await self._list_page(config, metadata_filter, before_id, cursor, page_size)
             for item in page:
-                yield to_tuple(item, self._codec)
+                yield self._loaded(item)
             remaining -= len(page)
             if len(page) < page_size:
                 return
-            last = page[-1]
-            cursor = (last.event.checkpoint_id, last.task_id, last.event.checkpoint_ns)
+            cursor = page[-1]
+
+    async def _list_one(
+        self, config: RunnableConfig, filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """``alist`` of a config naming one checkpoint: that one, if it passes the filters."""
+        found = await self.aget_tuple(config)
+        before_id = None if before is None else get_checkpoint_id(before)
+        if found is None or (before_id is not None
+                             and found.checkpoint["id"] >= before_id):
+            return
+        metadata: dict[str, Any] = dict(found.metadata)
+        if filter and any(metadata.get(key) != value for key, value in filter.items()):
+            return
+        yield found
 
     async def _list_page(
         self, config: RunnableConfig | None, metadata_filter: str | None,
-        before_id: str | None, cursor: tuple[str, str, str] | None, page_size: int,
+        before_id: str | None, cursor: StoredCheckpoint | None, page_size: int,
     ) -> list[StoredCheckpoint]:
-        """One page of ``alist``: rows decoded and values resolved (two round trips)."""
+        """One page of ``alist``, newest first, in one round trip."""
+        last_id = None if cursor is None else cursor.event.checkpoint_id
         if config is None:
             rows = await self.database.fetch(
-                queries.LIST_ALL, None, None, before_id, metadata_filter,
-                *(cursor or (None, None, None)), page_size, writes_events_max,
+                queries.LIST_ALL, before_id, metadata_filter, last_id,
+                None if cursor is None else cursor.task_id,
+                None if cursor is None else cursor.event.checkpoint_ns,
+                page_size, writes_events_max,
             )
             thread_ids = await self._thread_ids({row["task_id"] for row in rows})
-            stored = [decode_row(row, row["task_id"], thread_ids.get(row["task_id"]))
-                      for row in rows]
-        else:
-            configurable = config["configurable"]
-            thread_id = configurable["thread_id"]
-            task_id = thread_task_id(str(thread_id))
+            return [decode_row(row, thread_ids.get(row["task_id"])) for row in rows]
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        task_id = thread_task_id(str(thread_id))
+        namespace = configurable.get("checkpoint_ns")
+        if namespace is None:
             rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, configurable.get("checkpoint_ns"),
-                get_checkpoint_id(config), before_id, metadata_filter,
-                None if cursor is None else cursor[0], None if cursor is None else cursor[2],
+                queries.LIST_THREAD, task_id, before_id, metadata_filter, last_id,
+                None if cursor is None else cursor.event.checkpoint_ns, page_size,
+                writes_events_max, task_id=task_id,
+            )
+        else:
+            upper = min((i for i in (before_id, last_id) if i is not None), default=None)
+            rows = await self.database.fetch(
+                queries.LIST_NAMESPACE, task_id, namespace, upper, metadata_filter,
                 page_size, writes_events_max, task_id=task_id,
             )
-            stored = [decode_row(row, task_id, thread_id) for row in rows]
-        await resolve_values(self.database.fetch, stored)
-        return stored
+        return [decode_row(row, thread_id) for row in rows]
 
     async def _thread_ids(self, task_ids: set[str]) -> dict[str, str]:
         if not task_ids:
@@ -394,6 +502,19 @@ class WalCheckpointSaver(BaseCheckpointSaver[str]):
         """
         await self._ready()
         await self.retention.copy_thread(str(source_thread_id), str(target_thread_id))
+
+    async def rebuild_index(self, thread_id: str) -> int:
+        """Rebuild the thread's index rows from its events (a repair tool; see retention).
+
+        Args:
+            thread_id: The thread.
+
+        Returns:
+            The number of events read.
+        """
+        await self._ready()
+        self._channel_maps.clear()
+        return await self.retention.rebuild_index(str(thread_id))
 
     # ------------------------------------------------------------------ sync bridges
 

@@ -10,22 +10,26 @@ Lease semantics (the latest writer wins; appends are never lost, reordered or in
   is fenced at once) and then resumed (``task_resumed``). The lease has no expiry: a
   LangGraph thread is written by whichever process runs it, and a new process resuming a
   thread after a crash takes the lease over on its first write.
-* An append carries the epoch; the database assigns the seq and the chain hash under the
-  task row's lock, so one epoch's concurrent appends (LangGraph saves writes from background
-  tasks) serialise instead of conflicting. An append fenced by a newer epoch is not written;
-  the saver then takes the lease back and appends again, bounded by
-  :data:`takeovers_max` attempts. Every change of writer is an event, so the log shows who
-  wrote what, under which epoch.
+* An append is the store's fenced append: one statement that moves the head only if the
+  epoch, the head seq and the head hash are still the ones this saver holds (the chain hash
+  is computed here, :func:`wal_engine.chain.event_hash`), inserting the event and its index
+  row. A saver's own appends to one thread are serialised by an asyncio lock (LangGraph
+  saves writes from background tasks). A rejected append is retried after reading the head
+  again (same epoch: the saver's own retention moved it) or taking the lease back (another
+  writer took it), at most :data:`takeovers_max` times. Every change of writer is an event,
+  so the log shows who wrote what, under which epoch.
 
 Two live processes writing one thread at the same time therefore alternate the lease (each
-switch recorded); LangGraph itself does not support concurrent runs on one thread, and this
-keeps the log consistent when it happens anyway.
+switch recorded); LangGraph itself does not run one thread twice at once, and this keeps the
+log consistent when it happens anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 import asyncpg
@@ -33,11 +37,13 @@ import orjson
 import structlog
 
 from wal_engine import events as vocabulary
+from wal_engine.chain import event_hash
 from wal_engine.errors import IllegalTransition, LeaseLost, TaskAlreadyExists, UnknownTask
 from wal_engine.integrations.langgraph import queries
 from wal_engine.integrations.langgraph.codec import thread_task_id
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import Store, sqlstate
+from wal_engine.store.connection import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +51,63 @@ AGENT: Final = "langgraph"
 """The agent name of every thread's task."""
 
 takeovers_max: Final = 8
-"""Most times one operation takes the lease back after being fenced before giving up."""
+"""Most times one operation reads the head again or takes the lease back before giving up."""
+
+heads_max: Final = 10_000
+"""Threads whose lease and head a saver keeps in memory; a thread that falls out is read
+again on its next write (still this saver's lease: no takeover)."""
+
+Index = tuple[str, tuple[Any, ...]]
+"""How to index an appended event: the statement and its arguments after the event's."""
+
+NO_INDEX: Final[Index] = (queries.APPEND_EVENT, ())
+"""Retention events have no index row."""
+
+
+def checkpoint_index(namespace: str, checkpoint_id: str, run_id: str | None,
+                     ref_seqs: list[int]) -> Index:
+    """The index row of a ``graph_checkpoint_saved`` event."""
+    return (queries.APPEND_CHECKPOINT, (namespace, checkpoint_id, run_id, ref_seqs))
+
+
+def writes_index(namespace: str, checkpoint_id: str) -> Index:
+    """The index row of a ``graph_writes_saved`` event."""
+    return (queries.APPEND_WRITES, (namespace, checkpoint_id))
+
+
+class Head:
+    """The lease and head a writer holds on a task: epoch, head seq, head hash."""
+
+    __slots__ = ("epoch", "hash", "seq")
+
+    def __init__(self, epoch: int, seq: int, hash: bytes) -> None:
+        self.epoch = epoch
+        self.seq = seq
+        self.hash = hash
+
+
+class LockedTask:
+    """A task whose row a transaction holds under this writer's epoch (see ``transact``)."""
+
+    def __init__(self, connection: asyncpg.Connection, task_id: str, head: Head,
+                 payload_bytes_max: int) -> None:
+        self.connection = connection
+        self.task_id = task_id
+        self.head = head
+        self.payload_bytes_max = payload_bytes_max
+
+    async def append(self, event: vocabulary.Event, index: Index = NO_INDEX) -> int:
+        """Append in the transaction; return the new seq (raises LeaseLost if fenced)."""
+        seq = await _append(self.connection, self.task_id, self.head, event, index,
+                            self.payload_bytes_max)
+        if seq is None:
+            raise LeaseLost(self.task_id, self.head.epoch)
+        return seq
+
 
 T = TypeVar("T")
-Work = Callable[[asyncpg.Connection, str, int], Awaitable[T]]
-"""A retention step: runs in a transaction holding the task row (connection, task id, epoch)."""
+Work = Callable[[LockedTask], Awaitable[T]]
+"""A retention step: runs in a transaction holding the task row."""
 
 
 class ThreadLog:
@@ -64,77 +122,47 @@ class ThreadLog:
         self.store = store
         self.database = store.database
         self.worker_id = worker_id
-        self.epochs: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.heads: OrderedDict[str, Head] = OrderedDict()
+        # Weak: a thread's lock lives while an operation on the thread holds it.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
 
-    # ------------------------------------------------------------------ appends
+    def _lock(self, task_id: str) -> asyncio.Lock:
+        lock = self._locks.get(task_id)
+        if lock is None:
+            lock = self._locks[task_id] = asyncio.Lock()
+        return lock
 
-    async def append(
-        self,
-        thread_id: str,
-        event: vocabulary.Event,
-        *,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        run_id: str | None = None,
-        channels: Sequence[str] = (),
-        version_keys: Sequence[str] = (),
-        writer: str | None = None,
-        idxs: Sequence[int] | None = None,
-        dedup: bool = False,
-    ) -> int | None:
-        """Append one event (and its index rows) under this saver's lease; return its seq.
+    def _hold(self, task_id: str, head: Head) -> None:
+        self.heads[task_id] = head
+        self.heads.move_to_end(task_id)
+        while len(self.heads) > heads_max:
+            self.heads.popitem(last=False)
 
-        Returns None when ``dedup`` is set and the writer already stored these indexes
-        for this checkpoint (nothing is appended). Takes the lease, creating the thread's
-        task if needed, when it is not held or was taken over.
+    async def append(self, thread_id: str, event: vocabulary.Event, index: Index) -> int:
+        """Append one event (and its index row) under this saver's lease; return its seq.
+
+        Takes the lease, creating the thread's task if needed, when it is not held or was
+        taken over meanwhile.
         """
         task_id = thread_task_id(thread_id)
-        kind, version, payload = vocabulary.encode_event(
-            event, payload_bytes_max=self.store.payload_bytes_max
-        )
-        args = (
-            kind, version, payload, checkpoint_ns, checkpoint_id, run_id, list(channels),
-            list(version_keys), writer, None if idxs is None else list(idxs),
-            list(idxs) if dedup and idxs is not None else None,
-        )
-        epoch: int | None = None
-        for _ in range(takeovers_max):
-            epoch = self.epochs.get(task_id)
-            if epoch is not None:
-                row = await self.database.fetchrow(
-                    queries.APPEND_EVENT, task_id, epoch, *args, task_id=task_id
-                )
-                if row["seq"] is not None:
-                    return int(row["seq"])
-                if row["duplicate"]:
-                    return None
-            await self.take(task_id, thread_id, stale_epoch=epoch)
-        raise LeaseLost(task_id, epoch or 0)
-
-    async def append_locked(
-        self,
-        connection: asyncpg.Connection,
-        task_id: str,
-        epoch: int,
-        event: vocabulary.Event,
-        **index: Any,
-    ) -> int:
-        """Append inside a transaction that already holds the task row under ``epoch``."""
-        kind, version, payload = vocabulary.encode_event(
-            event, payload_bytes_max=self.store.payload_bytes_max
-        )
-        idxs = index.get("idxs")
-        row = await _fetchrow(
-            connection, queries.APPEND_EVENT, task_id,
-            task_id, epoch, kind, version, payload, index.get("checkpoint_ns"),
-            index.get("checkpoint_id"), index.get("run_id"), list(index.get("channels", ())),
-            list(index.get("version_keys", ())), index.get("writer"),
-            None if idxs is None else list(idxs), None,
-        )
-        if row is None or row["seq"] is None:
-            raise LeaseLost(task_id, epoch)
-        return int(row["seq"])
+        async with self._lock(task_id):
+            for _ in range(takeovers_max):
+                head = self.heads.get(task_id)
+                if head is None:
+                    head = await self._take_locked(task_id, thread_id)
+                try:
+                    async with self.database.pool.acquire() as connection:
+                        seq = await _append(connection, task_id, head, event, index,
+                                            self.store.payload_bytes_max)
+                except CONNECTION_ERRORS:
+                    # Outcome unknown: the next write reads the head again (same lease).
+                    self.heads.pop(task_id, None)
+                    raise
+                if seq is not None:
+                    return seq
+                await self._refresh_locked(task_id, thread_id, head)
+            raise LeaseLost(task_id, self.heads[task_id].epoch if task_id in self.heads else 0)
 
     async def transact(self, thread_id: str, work: Work[T]) -> T:
         """Run ``work`` in one transaction that holds the thread's task row under the lease.
@@ -143,19 +171,23 @@ class ThreadLog:
         of the task and nothing commits between its reads and its writes.
         """
         task_id = thread_task_id(thread_id)
-        epoch: int | None = None
-        for _ in range(takeovers_max):
-            epoch = self.epochs.get(task_id)
-            if epoch is not None:
+        async with self._lock(task_id):
+            for _ in range(takeovers_max):
+                head = self.heads.get(task_id) or await self._take_locked(task_id, thread_id)
+                held: Head | None = None
                 async with self.database.pool.acquire() as connection:
                     async with connection.transaction():
-                        head = await _fetchrow(
-                            connection, queries.LOCK_TASK_FENCED, task_id, task_id, epoch
-                        )
-                        if head is not None:
-                            return await work(connection, task_id, epoch)
-            await self.take(task_id, thread_id, stale_epoch=epoch)
-        raise LeaseLost(task_id, epoch or 0)
+                        row = await _fetchrow(connection, queries.LOCK_TASK_FENCED, task_id,
+                                              task_id, head.epoch)
+                        if row is not None:
+                            held = Head(head.epoch, int(row["head_seq"]), row["head_hash"])
+                            result = await work(LockedTask(
+                                connection, task_id, held, self.store.payload_bytes_max))
+                if held is not None:
+                    self._hold(task_id, held)  # Committed: the head the work advanced.
+                    return result
+                await self._refresh_locked(task_id, thread_id, head)
+            raise LeaseLost(task_id, head.epoch)
 
     async def exists(self, thread_id: str) -> bool:
         """Whether the thread has a task (without creating one)."""
@@ -164,31 +196,40 @@ class ThreadLog:
 
     # ------------------------------------------------------------------ leases
 
-    async def take(self, task_id: str, thread_id: str, *, stale_epoch: int | None) -> int:
-        """Take the task's lease (creating the task first if needed); return the new epoch.
+    async def _refresh_locked(self, task_id: str, thread_id: str, stale: Head) -> None:
+        """After a rejected append: keep the lease if it is still ours, else take it back."""
+        row = await self.database.fetchrow(queries.READ_LEASE, task_id)
+        if row is not None and int(row["lease_epoch"]) == stale.epoch:
+            self._hold(task_id, Head(stale.epoch, int(row["head_seq"]), row["head_hash"]))
+        else:
+            self.heads.pop(task_id, None)
+            await self._take_locked(task_id, thread_id)
 
-        ``stale_epoch`` is the epoch the caller found fenced: when another coroutine of this
-        saver already replaced it, that newer epoch is returned without a second takeover.
+    async def _take_locked(self, task_id: str, thread_id: str) -> Head:
+        """This saver's lease on the task: still held (read again), else taken (lock held).
+
+        Creates the task first if the thread has none.
         """
-        lock = self._locks.setdefault(task_id, asyncio.Lock())
-        async with lock:
-            current = self.epochs.get(task_id)
-            if current is not None and current != stale_epoch:
-                return current
+        row = await self.database.fetchrow(queries.READ_LEASE, task_id)
+        if (row is not None and row["lease_owner"] == self.worker_id
+                and row["status"] == Status.RUNNING):
+            head = Head(int(row["lease_epoch"]), int(row["head_seq"]), row["head_hash"])
+            self._hold(task_id, head)
+            return head
+        try:
+            head = await self._claim(task_id, thread_id)
+        except UnknownTask:
             try:
-                epoch = await self._claim(task_id, thread_id)
-            except UnknownTask:
-                try:
-                    await self.store.create_task(task_id, AGENT, input={"thread_id": thread_id})
-                except TaskAlreadyExists:
-                    pass  # Created meanwhile (by a copy, with provenance): _claim checks it.
-                epoch = await self._claim(task_id, thread_id)
-            self.epochs[task_id] = epoch
-            log.info("thread_lease_taken", task_id=task_id, epoch=epoch,
-                     worker_id=self.worker_id)
-            return epoch
+                await self.store.create_task(task_id, AGENT, input={"thread_id": thread_id})
+            except TaskAlreadyExists:
+                pass  # Created meanwhile (by a copy, with provenance): _claim checks it.
+            head = await self._claim(task_id, thread_id)
+        self._hold(task_id, head)
+        log.info("thread_lease_taken", task_id=task_id, epoch=head.epoch,
+                 worker_id=self.worker_id)
+        return head
 
-    async def _claim(self, task_id: str, thread_id: str) -> int:
+    async def _claim(self, task_id: str, thread_id: str) -> Head:
         """One transaction: lock the row, orphan a previous holder, claim, map the thread."""
         async with self.database.pool.acquire() as connection:
             async with connection.transaction():
@@ -220,7 +261,25 @@ class ThreadLog:
                     "worker_id": self.worker_id, "attempt": int(row["attempts"]) + 1,
                 }, epoch, Status.RUNNING)
                 await _execute(connection, queries.MAP_THREAD, task_id, task_id, thread_id)
-        return epoch
+                head = await _fetchrow(connection, queries.READ_LEASE, task_id, task_id)
+        return Head(epoch, int(head["head_seq"]), head["head_hash"])
+
+
+async def _append(
+    connection: asyncpg.Connection, task_id: str, head: Head, event: vocabulary.Event,
+    index: Index, payload_bytes_max: int,
+) -> int | None:
+    """One fenced append on ``head`` (advanced on success); None when rejected."""
+    kind, version, payload = vocabulary.encode_event(event, payload_bytes_max=payload_bytes_max)
+    seq = head.seq + 1
+    digest = event_hash(head.hash, task_id, seq, kind, version, head.epoch, payload)
+    statement, index_args = index
+    row = await _fetchrow(connection, statement, task_id, task_id, head.epoch, head.seq,
+                          head.hash, digest, kind, version, payload, *index_args)
+    if row is None:
+        return None
+    head.seq, head.hash = seq, digest
+    return seq
 
 
 async def _emit(

@@ -1,0 +1,270 @@
+"""Where a single append's time goes: statement variants and pool settings, interleaved.
+
+Not a contest but a profile: each contender adds or removes one ingredient of
+``Store.append_events`` so that the difference between two rows of the table is the cost of
+that ingredient, measured in the same run. One event of 500 bytes per operation, one commit
+each, sequential.
+
+* direct connection (no pool), prepared statements: the raw INSERT (reference); the event row
+  alone (scalar VALUES, then ``unnest`` arrays); the head UPDATE alone; head UPDATE + event
+  INSERT with scalar parameters; the store's APPEND_EVENTS statement as is; and a fence that
+  reads the head row ``FOR SHARE`` and checks the previous event's hash through the primary
+  key instead of updating the head;
+* through a pool: the raw INSERT, ``Store.append_events``, and ``Store.append_events`` on a
+  pool whose reset-on-release is a no-op (asyncpg's default reset runs one more statement,
+  ``RESET ALL`` and friends, after every release: a second round trip per append).
+
+It writes rows that bypass the task head, so it runs in its own scratch database
+(``wal_bench_breakdown`` on the server of ``--dsn``, ``WAL_ENGINE_DSN`` or the embedded server).
+
+Usage: ``python -m benchmarks.append_breakdown [--dsn DSN] [--quick] [--rounds N] [--ops N]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import asyncpg
+
+from benchmarks import append, harness
+from wal_engine import events as vocabulary
+from wal_engine import limits
+from wal_engine.store import Database, Store, queries
+from wal_engine.store.connection import DSN_ENV, ensure_database, resolve_dsn, with_database
+
+NAME: Final = "append_breakdown"
+SCRATCH_DATABASE: Final = "wal_bench_breakdown"
+
+CREATE_HEAD: Final = """
+INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, lease_epoch)
+VALUES ($1, 'bench', 'RUNNING', 0, $2, 1)
+"""
+
+EVENT_VALUES: Final = """
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+VALUES ($1, $2 + 1, $3, $4, $5, $6, $7, $8, $9)
+"""
+
+EVENT_UNNEST: Final = """
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT $1, $2 + e.ord, e.type, e.version, $3, e.payload, e.idempotency_key, e.prev_hash, e.hash
+  FROM unnest($4::text[], $5::int2[], $6::bytea[], $7::text[], $8::bytea[], $9::bytea[])
+       WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+"""
+
+HEAD_UPDATE: Final = """
+UPDATE wal_tasks SET head_seq = $2 + 1, head_hash = $4, updated_at = now()
+ WHERE task_id = $1 AND lease_epoch = 1 AND head_seq = $2 AND head_hash = $3
+"""
+
+# The store's statement reduced to one event with scalar parameters and a head update that
+# only moves the head (no status, wake or lease columns).
+APPEND_ONE_SCALAR: Final = """
+WITH head AS (
+    UPDATE wal_tasks SET head_seq = $3 + 1, head_hash = $9, updated_at = now()
+     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $8
+ RETURNING task_id
+)
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT head.task_id, $3 + 1, $4, $5, $2, $6, $7, $8, $9 FROM head
+RETURNING seq
+"""
+
+# Fencing without writing the head: the epoch is checked on the task row, locked FOR SHARE
+# so that a claim's epoch bump waits for this commit (or this statement sees the new epoch);
+# the previous event's hash is checked through the primary key; the primary key itself
+# rejects a second writer of the same seq.
+APPEND_READ_FENCED: Final = """
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                        prev_hash, hash)
+SELECT t.task_id, $3 + 1, $4, $5, $2, $6, $7, $8, $9
+  FROM wal_tasks t
+ WHERE t.task_id = $1 AND t.lease_epoch = $2
+   AND ($3 = 0 OR EXISTS (SELECT 1 FROM wal_events p
+                           WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $8))
+   FOR SHARE OF t
+RETURNING seq
+"""
+
+EVENT_TYPE: Final = "message_appended"
+
+
+class Chain:
+    """A task (or raw stream) head kept locally; hashes are cheap stand-ins (sha256 of prev)."""
+
+    __slots__ = ("hash", "seq", "task_id")
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id, self.seq, self.hash = task_id, 0, bytes(32)
+
+    def advance(self) -> tuple[int, bytes, bytes]:
+        """Return (seq before, prev hash, new hash) and move the head by one."""
+        seq, previous = self.seq, self.hash
+        self.seq, self.hash = seq + 1, hashlib.sha256(previous).digest()
+        return seq, previous, self.hash
+
+
+Arguments = Callable[[Chain, bytes], tuple[Any, ...]]
+
+
+def _event_values(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    seq, previous, new = c.advance()
+    return (c.task_id, seq, EVENT_TYPE, 1, 1, payload, None, previous, new)
+
+
+def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    seq, previous, new = c.advance()
+    return (c.task_id, seq, 1, [EVENT_TYPE], [1], [payload], [None], [previous], [new])
+
+
+def _head_update(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    seq, previous, new = c.advance()
+    return (c.task_id, seq, previous, new)
+
+
+def _scalar_append(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    seq, previous, new = c.advance()
+    return (c.task_id, 1, seq, EVENT_TYPE, 1, payload, None, previous, new)
+
+
+def _store_statement(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    seq, previous, new = c.advance()
+    return (c.task_id, 1, seq, previous, new, None, None, [EVENT_TYPE], [1], [payload], [None],
+            [previous], [new], None, None)
+
+
+def direct(
+    connection: asyncpg.Connection, query: str, chain: Chain, arguments: Arguments,
+    payload: bytes, *, rows: int,
+) -> Callable[[], Awaitable[None]]:
+    """One prepared statement on a dedicated connection; checks it wrote ``rows`` rows."""
+
+    async def operation() -> None:
+        status = await connection.execute(query, *arguments(chain, payload))
+        if not status.endswith(f" {rows}"):
+            raise RuntimeError(f"{query.split()[0]} wrote {status!r}, expected {rows} row(s)")
+
+    return operation
+
+
+async def _noop_reset(connection: asyncpg.Connection) -> None:
+    """A pool reset that sends nothing (the store's connections carry no session state)."""
+
+
+async def scratch_dsn(dsn: str | None) -> str:
+    """The scratch database on the server of ``dsn``, ``WAL_ENGINE_DSN`` or the embedded one."""
+    server_dsn = dsn or os.environ.get(DSN_ENV) or await resolve_dsn()
+    await ensure_database(server_dsn, SCRATCH_DATABASE)
+    return with_database(server_dsn, SCRATCH_DATABASE)
+
+
+async def direct_contenders(
+    dsn: str, run_id: str, payload: bytes, raw_payload: bytes, opened: list[Any]
+) -> list[harness.Contender]:
+    """The statement variants, each on its own connection and its own task."""
+    variants: list[tuple[str, str, Arguments, bool]] = [
+        ("wal_events INSERT, scalar VALUES (no head)", EVENT_VALUES, _event_values, False),
+        ("wal_events INSERT from unnest (no head)", EVENT_UNNEST, _event_unnest, False),
+        ("wal_tasks head UPDATE only", HEAD_UPDATE, _head_update, True),
+        ("head UPDATE + INSERT, scalar params", APPEND_ONE_SCALAR, _scalar_append, True),
+        ("store APPEND_EVENTS statement", queries.APPEND_EVENTS, _store_statement, True),
+        ("read-fenced INSERT (FOR SHARE, no head UPDATE)", APPEND_READ_FENCED,
+         _scalar_append, True),
+    ]
+    contenders: list[harness.Contender] = []
+    raw_connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+    opened.append(raw_connection)
+    raw = Chain(f"raw-direct-{run_id}")
+    contenders.append(harness.Contender(
+        "raw INSERT (direct)",
+        direct(raw_connection, append.RAW_INSERT_ONE, raw,
+               lambda c, p: (c.task_id, c.advance()[0] + 1, EVENT_TYPE, p, c.hash),
+               raw_payload, rows=1),
+        reference=True,
+    ))
+    for index, (name, query, arguments, has_head) in enumerate(variants):
+        connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+        opened.append(connection)
+        chain = Chain(f"var{index}-{run_id}")
+        if has_head:
+            await connection.execute(CREATE_HEAD, chain.task_id, chain.hash)
+        contenders.append(harness.Contender(
+            name, direct(connection, query, chain, arguments, payload, rows=1)
+        ))
+    return contenders
+
+
+async def pooled_contenders(
+    dsn: str, run_id: str, opened: list[Any]
+) -> list[harness.Contender]:
+    """The raw INSERT and Store.append_events through pools, default and no-op reset."""
+    database = await Database.open(dsn, application_name="bench:breakdown")
+    opened.append(database)
+    raw_pool = await asyncpg.create_pool(
+        dsn, min_size=limits.pool_size_min, max_size=limits.pool_size_max,
+        timeout=limits.connect_timeout_s, command_timeout=limits.command_timeout_s,
+    )
+    opened.append(raw_pool)
+    quiet_pool = await asyncpg.create_pool(
+        dsn, min_size=limits.pool_size_min, max_size=limits.pool_size_max,
+        timeout=limits.connect_timeout_s, command_timeout=limits.command_timeout_s,
+        reset=_noop_reset,
+    )
+    opened.append(quiet_pool)
+    async with raw_pool.acquire() as connection:
+        await connection.execute(append.CREATE_RAW_TABLE)
+    bench = append.Bench(Store(database), raw_pool, run_id=run_id)
+    quiet = append.Bench(Store(Database(quiet_pool, dsn)), raw_pool, run_id=run_id)
+    head, quiet_head = await bench.create_heads(
+        [bench.task_id("wal", "pool"), bench.task_id("wal", "noop")]
+    )
+    return [
+        harness.Contender(
+            "raw INSERT via pool",
+            bench.raw_insert(bench.stream("pool"), append.RAW_INSERT_ONE, 1),
+        ),
+        harness.Contender("Store.append_events via pool", bench.append_events(head, 1)),
+        harness.Contender("Store.append_events, pool reset=noop",
+                          quiet.append_events(quiet_head, 1)),
+    ]
+
+
+async def main() -> int:
+    parser = harness.argument_parser(NAME, __doc__, rounds=30, ops=50)
+    args = parser.parse_args()
+    settings = harness.RunSettings.from_args(args, quick_rounds=3, quick_ops=8)
+    dsn = await scratch_dsn(args.dsn)
+    run_id = f"{time.strftime('%m%d%H%M%S')}-{os.getpid()}"
+    content = append.message_content()
+    payload = vocabulary.encode_event(vocabulary.MessageAppended(role="assistant",
+                                                                 content=content))[2]
+    raw_payload = payload + b"p" * append.RAW_PADDING_BYTES
+    opened: list[Any] = []
+    try:
+        pooled = await pooled_contenders(dsn, run_id, opened)  # Database.open migrates first.
+        contenders = await direct_contenders(dsn, run_id, payload, raw_payload, opened)
+        machine = await harness.describe_machine(dsn)
+        workload = harness.Workload(
+            name="single", description="one 500-byte event, one commit, sequential",
+            contenders=contenders + pooled, ops_per_round=settings.ops,
+        )
+        result = await harness.run_workload(workload, rounds=settings.rounds)
+    finally:
+        for resource in reversed(opened):
+            await resource.close()
+    print(harness.format_report(NAME, machine, [result], settings))
+    if not args.no_json:
+        path = harness.write_json(NAME, machine, [result], settings, path=args.json_path)
+        print(f"Results written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    harness.run_main(main)

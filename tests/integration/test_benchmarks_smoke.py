@@ -1,0 +1,42 @@
+"""The append benchmark runs end to end, so the suite cannot rot (no speed is asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 120.0
+
+
+async def test_append_benchmark_quick_run_prints_both_contenders(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """`python -m benchmarks.append --quick` exits 0 and reports wal-engine beside raw asyncpg."""
+    results = tmp_path / "append.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.append", "--quick", "--dsn", database_dsn,
+        "--json", str(results),
+        cwd=REPOSITORY,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    output = stdout.decode()
+    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    assert "| workload | contender |" in output
+    table = [line for line in output.splitlines() if line.startswith("| single |")]
+    assert any("raw INSERT 1 row (ref)" in line for line in table), output
+    assert any("wal-engine append_events" in line for line in table), output
+    document = json.loads(results.read_text())
+    single = next(w for w in document["workloads"] if w["name"] == "single")
+    names = {contender["name"] for contender in single["contenders"]}
+    assert names == {"raw INSERT 1 row", "wal-engine append_events"}
+    assert document["machine"]["postgres"]["fsync"] in {"on", "off"}

@@ -1,0 +1,51 @@
+"""The saver's own pool: wal-engine's checks, without a session reset on every release.
+
+asyncpg's pool resets a connection on release (``RESET ALL; UNLISTEN *; CLOSE ALL; ...``)
+unless given a ``reset`` of its own: a second round trip for every statement. The saver
+never changes session state (no ``SET``, no session advisory locks, no ``LISTEN``, no
+cursors outside transactions), so its pool skips that query; asyncpg still rolls back a
+transaction left open and drops listeners before handing a connection out again.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import asyncpg
+
+from wal_engine import limits
+from wal_engine.errors import DatabaseUnavailable
+from wal_engine.store import Database
+from wal_engine.store.connection import CONNECTION_ERRORS, redact_dsn
+
+pool_size_max: Final = 10
+"""Connections of the saver's pool (LangGraph writes one thread's steps one at a time)."""
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Release hook: nothing beyond asyncpg's own rollback (see the module docstring)."""
+
+
+async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max) -> Database:
+    """A :class:`Database` on ``dsn`` whose pool keeps sessions on release.
+
+    The DSN is resolved, the schema applied or checked and durability checked exactly as
+    :meth:`Database.open` does (it runs first, on one connection).
+    """
+    checked = await Database.open(dsn, min_size=1, max_size=1)
+    resolved = checked.dsn
+    await checked.close()
+    try:
+        pool = await asyncpg.create_pool(
+            resolved,
+            min_size=1,
+            max_size=max_size,
+            timeout=limits.connect_timeout_s,
+            command_timeout=limits.command_timeout_s,
+            server_settings={"application_name": "wal-engine:langgraph"},
+            reset=_keep_session,
+        )
+    except CONNECTION_ERRORS as error:
+        raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
+    assert pool is not None
+    return Database(pool, resolved)
