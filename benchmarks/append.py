@@ -316,7 +316,7 @@ async def open_pools(dsn: str) -> tuple[Store, asyncpg.Pool]:
     raw_pool = await asyncpg.create_pool(
         dsn, min_size=limits.pool_size_min, max_size=GROUP_TASKS,
         timeout=limits.connect_timeout_s, command_timeout=limits.command_timeout_s,
-        server_settings={"application_name": "bench:raw"},
+        server_settings={"application_name": "bench:raw"}, reset=harness.no_session_reset,
     )
     async with raw_pool.acquire() as connection:
         await connection.execute(CREATE_RAW_TABLE)

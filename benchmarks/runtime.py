@@ -107,7 +107,8 @@ async def interleaved(dsn: str, settings: harness.RunSettings,
     engine = await connect(dsn)
     driver = Driver()
     register(engine, driver)
-    pool = await asyncpg.create_pool(dsn, min_size=CONCURRENT_TASKS, max_size=CONCURRENT_TASKS)
+    pool = await asyncpg.create_pool(dsn, min_size=CONCURRENT_TASKS, max_size=CONCURRENT_TASKS,
+                                     reset=harness.no_session_reset)
     assert pool is not None
     await pool.execute(RAW_TABLE)
     worker = engine.worker(concurrency=CONCURRENT_TASKS + 1, poll_ms=20)
