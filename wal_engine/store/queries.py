@@ -74,34 +74,34 @@ SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9
 RETURNING seq
 """
 
-# A batch of observations of one task: $5..$9 are arrays (type, version, payload, key, hash);
-# each event's prev_hash is the hash before it.
+# A batch of observations of one task: $5..$10 are arrays (type, version, payload, key,
+# prev_hash, hash).
 OBSERVE_MANY: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
                         prev_hash, hash)
-SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
-       coalesce(lag(e.hash) OVER (ORDER BY e.ord), $4), e.hash
-  FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
-           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
+SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key, e.prev_hash,
+       e.hash
+  FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
  WHERE EXISTS ({PREVIOUS_OK})
 RETURNING seq
 """
 
-# A batch that moves the status ($10 the final status, $11 the walk): the task row and the
-# events in one statement. $12/$13 set the wake time and awaited signal when it ends
+# A batch that moves the status ($11 the final status, $12 the walk): the task row and the
+# events in one statement. $13/$14 set the wake time and awaited signal when it ends
 # WAITING (database clock); leaving the leased statuses drops the lease.
 TRANSITION: Final = f"""
 WITH head AS (
     UPDATE wal_tasks
        SET head_seq = $3 + cardinality($5::text[]),
-           head_hash = ($9::bytea[])[cardinality($9::bytea[])],
-           status = $10, status_path = $11::text[], updated_at = now(),
-           wake_at = CASE WHEN $10 = 'WAITING' THEN now() + $12 * interval '1 millisecond'
+           head_hash = ($10::bytea[])[cardinality($10::bytea[])],
+           status = $11, status_path = $12::text[], updated_at = now(),
+           wake_at = CASE WHEN $11 = 'WAITING' THEN now() + $13 * interval '1 millisecond'
                           ELSE wake_at END,
-           waiting_signal = CASE WHEN $10 = 'WAITING' THEN $13 ELSE waiting_signal END,
-           lease_owner = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           waiting_signal = CASE WHEN $11 = 'WAITING' THEN $14 ELSE waiting_signal END,
+           lease_owner = CASE WHEN $11 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                               THEN NULL ELSE lease_owner END,
-           lease_expires_at = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           lease_expires_at = CASE WHEN $11 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                                    THEN NULL ELSE lease_expires_at END
      WHERE task_id = $1 AND lease_epoch = $2 AND EXISTS ({PREVIOUS_OK})
  RETURNING task_id
@@ -109,10 +109,10 @@ WITH head AS (
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
                         prev_hash, hash)
 SELECT head.task_id, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
-       coalesce(lag(e.hash) OVER (ORDER BY e.ord), $4), e.hash
+       e.prev_hash, e.hash
   FROM head,
-       unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
-           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
+       unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
 RETURNING seq
 """
 

@@ -434,7 +434,7 @@ def _append_statement(
             batch.payloads[0], batch.idempotency_keys[0], batch.hashes[0],
         )
     columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
-               batch.hashes)
+               batch.prev_hashes, batch.hashes)
     if batch.new_status is None:
         return queries.OBSERVE_MANY, (task_id, epoch, expected_seq, prev_hash, *columns)
     return queries.TRANSITION, (
