@@ -19,6 +19,16 @@ _lazy = {
     "TaskHead": "wal_engine.store",
     "connect": "wal_engine.engine",
     "Engine": "wal_engine.engine",
+    "AgentContext": "wal_engine.context",
+    "LlmResponse": "wal_engine.context",
+    "ToolError": "wal_engine.context",
+    "SignalTimeout": "wal_engine.context",
+    "Budget": "wal_engine.events",
+    "PlanNode": "wal_engine.events",
+    "RetryPolicy": "wal_engine.retries",
+    "TransientError": "wal_engine.retries",
+    "PermanentError": "wal_engine.retries",
+    "WalError": "wal_engine.errors",
 }
 
 
