@@ -1,0 +1,122 @@
+"""Metrics: counters and histograms with prometheus-client installed, no cost without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from typing import Any
+
+import pytest
+
+from wal_engine import metrics
+
+needs_extra = pytest.mark.skipif(not metrics.available(),
+                                 reason="the metrics extra (prometheus-client) is not installed")
+
+
+def prometheus() -> Any:
+    """The prometheus_client module (the tests using it are skipped without the extra)."""
+    import prometheus_client
+
+    return prometheus_client
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    """The current value of a sample in the default registry (0 when absent)."""
+    return prometheus().REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+@needs_extra
+def test_hooks_count_into_the_default_registry() -> None:
+    """Every hook moves its own metric, with its labels."""
+    before = {
+        "events": sample("wal_engine_events_appended_total"),
+        "claims": sample("wal_engine_tasks_claimed_total"),
+        "orphans": sample("wal_engine_tasks_orphaned_total"),
+        "retries": sample("wal_engine_call_retries_total", {"kind": "tool", "reason": "failure"}),
+        "doubt": sample("wal_engine_call_retries_total", {"kind": "llm", "reason": "in_doubt"}),
+        "trips": sample("wal_engine_budget_trips_total", {"budget": "max_tokens"}),
+        "dedup": sample("wal_engine_effects_deduplicated_total"),
+        "appends": sample("wal_engine_append_seconds_count", {"path": "group"}),
+        "folded": sample("wal_engine_resume_events_folded_sum", {"source": "snapshot"}),
+    }
+    metrics.events_appended(5)
+    metrics.tasks_claimed(2)
+    metrics.tasks_orphaned(1)
+    metrics.call_failed("tool", retryable=True)
+    metrics.call_failed("tool", retryable=False)  # A final failure is no retry.
+    metrics.call_retried("llm", "in_doubt")
+    metrics.budget_tripped("max_tokens")
+    metrics.effect_deduplicated()
+    metrics.append_observed("group", metrics.clock())
+    metrics.resumed(40, from_snapshot=True)
+    assert sample("wal_engine_events_appended_total") == before["events"] + 5
+    assert sample("wal_engine_tasks_claimed_total") == before["claims"] + 2
+    assert sample("wal_engine_tasks_orphaned_total") == before["orphans"] + 1
+    assert sample("wal_engine_call_retries_total",
+                  {"kind": "tool", "reason": "failure"}) == before["retries"] + 1
+    assert sample("wal_engine_call_retries_total",
+                  {"kind": "llm", "reason": "in_doubt"}) == before["doubt"] + 1
+    assert sample("wal_engine_budget_trips_total", {"budget": "max_tokens"}) == \
+        before["trips"] + 1
+    assert sample("wal_engine_effects_deduplicated_total") == before["dedup"] + 1
+    assert sample("wal_engine_append_seconds_count", {"path": "group"}) == \
+        before["appends"] + 1
+    assert sample("wal_engine_resume_events_folded_sum", {"source": "snapshot"}) == \
+        before["folded"] + 40
+
+
+@needs_extra
+def test_instruments_register_in_any_registry() -> None:
+    """A private registry gets the whole set (for applications with their own registry)."""
+    registry = prometheus().CollectorRegistry()
+    instruments = metrics.Instruments(registry)
+    instruments.tasks_claimed.inc(3)
+    assert registry.get_sample_value("wal_engine_tasks_claimed_total") == 3
+
+
+@needs_extra
+def test_serve_exposes_the_metrics_over_http() -> None:
+    """serve() answers /metrics with the engine's metrics; shutdown() stops it."""
+    server = metrics.serve(0, "127.0.0.1")
+    try:
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "wal_engine_events_appended_total" in text
+
+
+def test_without_the_extra_every_hook_is_free_and_serve_says_how_to_install() -> None:
+    """prometheus-client absent: hooks do nothing (not even read a clock); serve explains."""
+    code = textwrap.dedent("""
+        import sys, time
+        sys.modules["prometheus_client"] = None  # The extra is not installed.
+        from wal_engine import metrics
+        from wal_engine.errors import ConfigurationError
+        assert not metrics.available() and metrics.instruments() is None
+        def no_clock():
+            raise AssertionError("a clock was read")
+        time.perf_counter = no_clock
+        assert metrics.clock() == 0.0
+        metrics.append_observed("single", 0.0)
+        metrics.events_appended(1); metrics.tasks_claimed(1); metrics.tasks_orphaned(1)
+        metrics.call_failed("tool", True); metrics.call_retried("tool", "in_doubt")
+        metrics.budget_tripped("max_steps"); metrics.effect_deduplicated()
+        metrics.resumed(10, False)
+        try:
+            metrics.serve(9999)
+        except ConfigurationError as error:
+            assert "wal-engine[metrics]" in str(error)
+        else:
+            raise AssertionError("serve() worked without prometheus-client")
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,283 @@
+"""Reading commands: ``tasks``, ``history``, ``show``, ``verify``. None of them writes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import click
+from rich.table import Table
+
+from wal_engine import limits
+from wal_engine.chain import VerifyReport
+from wal_engine.cli.common import (
+    EXIT_FINDING,
+    console,
+    dsn_option,
+    emit,
+    json_option,
+    open_engine,
+    progress,
+    run,
+    short_hash,
+)
+from wal_engine.cli.render import (
+    event_json,
+    head_json,
+    state_json,
+    summary,
+    verify_json,
+)
+from wal_engine.state_machine import Status
+from wal_engine.store import Store
+
+COUNT_TASKS: Final = "SELECT count(*) AS tasks FROM wal_tasks"
+verify_page_tasks: Final = 500
+verify_concurrency: Final = 4
+"""Tasks verified at once (each holds one pooled connection while it streams its log)."""
+messages_shown_max: Final = 20
+
+
+@click.command()
+@click.option("--status", type=click.Choice([s.value for s in Status], case_sensitive=False),
+              help="Only tasks with this status.")
+@click.option("--agent", default=None, help="Only tasks of this agent.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="Most tasks listed.")
+@click.option("--after", "after_task_id", default="", metavar="TASK",
+              help="List tasks whose id sorts after TASK (paging).")
+@dsn_option
+@json_option
+def tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
+          dsn: str | None, as_json: bool) -> None:
+    """List tasks (ordered by id), optionally filtered by status and agent."""
+    run(_tasks(status, agent, limit, after_task_id, dsn, as_json), dsn=dsn)
+
+
+async def _tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
+                 dsn: str | None, as_json: bool) -> None:
+    async with open_engine(dsn) as engine:
+        heads = await engine.store.list_tasks(
+            status=None if status is None else status.upper(), agent=agent,
+            after_task_id=after_task_id, limit=limit)
+    if as_json:
+        for head in heads:
+            emit(head_json(head))
+        return
+    table = Table(title=f"{len(heads)} task(s)")
+    for column in ("task", "agent", "status", "seq", "epoch", "owner", "attempts", "updated"):
+        table.add_column(column, no_wrap=column in ("task", "status"))
+    for head in heads:
+        table.add_row(head.task_id, head.agent, str(head.status), str(head.head_seq),
+                      str(head.lease_epoch), head.lease_owner or "", str(head.attempts),
+                      head.updated_at.strftime("%Y-%m-%d %H:%M:%S"))
+    out = console()
+    out.print(table)
+    if len(heads) == limit:
+        out.print(f"more may follow: --after {heads[-1].task_id}")
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@click.option("--from", "from_seq", type=click.IntRange(1), default=1, show_default=True,
+              help="First seq shown.")
+@click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq shown.")
+@dsn_option
+@json_option
+def history(task_id: str, from_seq: int, to_seq: int | None, dsn: str | None,
+            as_json: bool) -> None:
+    """Print a task's events in seq order (streamed page by page)."""
+    run(_history(task_id, from_seq, to_seq, dsn, as_json), dsn=dsn)
+
+
+async def _history(task_id: str, from_seq: int, to_seq: int | None, dsn: str | None,
+                   as_json: bool) -> None:
+    async with open_engine(dsn) as engine:
+        head = await engine.store.read_head(task_id)
+        last = head.head_seq if to_seq is None else min(to_seq, head.head_seq)
+        out = console()
+        page: list[Any] = []
+        first_page = True
+        async for record in engine.store.stream_events(task_id, from_seq=from_seq,
+                                                       to_seq=last):
+            if as_json:
+                emit(event_json(record))
+                continue
+            page.append(record)
+            if len(page) == limits.read_page_events:
+                out.print(_history_table(page, show_header=first_page))
+                page, first_page = [], False
+        if page or (first_page and not as_json):
+            out.print(_history_table(page, show_header=first_page))
+
+
+def _history_table(records: list[Any], *, show_header: bool) -> Table:
+    table = Table(box=None, show_header=show_header, pad_edge=False)
+    table.add_column("seq", justify="right", min_width=5)
+    table.add_column("epoch", justify="right", min_width=5)
+    table.add_column("recorded at", min_width=23, no_wrap=True)
+    table.add_column("type", min_width=22, no_wrap=True)
+    table.add_column("what")
+    for record in records:
+        stamp = "" if record.recorded_at is None else \
+            record.recorded_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        table.add_row(str(record.seq), str(record.epoch), stamp, record.type, summary(record))
+    return table
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@dsn_option
+@json_option
+def show(task_id: str, dsn: str | None, as_json: bool) -> None:
+    """Show a task's folded state: messages, step, pending calls, usage, what it waits on."""
+    run(_show(task_id, dsn, as_json), dsn=dsn)
+
+
+async def _show(task_id: str, dsn: str | None, as_json: bool) -> None:
+    async with open_engine(dsn) as engine:
+        head = await engine.head(task_id)
+        state = await engine.state(task_id)
+    view = state_json(state, head)
+    if as_json:
+        emit(view)
+        return
+    out = console()
+    out.print(f"[bold]task[/] {view['task_id']}  agent {view['agent']}  "
+              f"status [bold]{view['status']}[/]  step {view['step']}  seq {view['last_seq']}  "
+              f"attempts {view['attempts']}")
+    if view["parent_task_id"]:
+        out.print(f"forked from {view['parent_task_id']} at seq {view['parent_seq']}")
+    owner = view["lease_owner"] or "none"
+    out.print(f"lease: owner {owner}, epoch {view['lease_epoch']}, "
+              f"expires {view['lease_expires_at'] or '-'}")
+    usage = view["usage"]
+    out.print(f"usage: {usage['input_tokens']} input + {usage['output_tokens']} output tokens, "
+              f"${usage['cost_usd']:.4f}, {usage['tool_calls']} tool call(s), "
+              f"{usage['llm_calls']} LLM call(s); {view['calls']} call(s) journaled")
+    budget = {key: value for key, value in view["budget"].items() if value is not None}
+    out.print(f"budget: {_pairs(budget) or 'unlimited'}")
+    if view["budget_exceeded"]:
+        out.print(f"[red]budget exceeded[/]: {_pairs(view['budget_exceeded'])}")
+    out.print(f"next action: {_plain(view['next_action'])}")
+    out.print(f"waiting on: {_pairs(view['waiting_on']) if view['waiting_on'] else 'nothing'}")
+    _print_messages(out, view["messages"])
+    _print_pending(out, view["pending_calls"])
+    for call_id, approval in view["approvals"].items():
+        out.print(f"approval {call_id}: {_pairs(approval)}")
+    if view["plan"]:
+        done = set(view["plan_completed"])
+        nodes = ", ".join(f"{node}{' (done)' if node in done else ''}" for node in view["plan"])
+        out.print(f"plan: {nodes}")
+    if view["env"]:
+        out.print(f"env: {_pairs(view['env'])}")
+    if view["status"] == "COMPLETED":
+        out.print(f"output: {_plain(view['output'])}")
+    if view["failure"]:
+        out.print(f"[red]failure[/]: {_pairs(view['failure'])}")
+
+
+def _print_messages(out: Any, messages: list[dict[str, Any]]) -> None:
+    if not messages:
+        out.print("messages: none")
+        return
+    shown = messages[-messages_shown_max:]
+    cut = "" if len(shown) == len(messages) else f", last {len(shown)} shown"
+    table = Table(title=f"messages ({len(messages)}{cut})", title_justify="left")
+    table.add_column("role")
+    table.add_column("content")
+    for message in shown:
+        table.add_row(message["role"], _plain(message["content"]))
+    out.print(table)
+
+
+def _print_pending(out: Any, pending: list[dict[str, Any]]) -> None:
+    if not pending:
+        out.print("pending calls: none")
+        return
+    table = Table(title="pending calls (in doubt)", title_justify="left")
+    for column in ("call", "kind", "name", "seq", "attempt", "status", "idempotency key"):
+        table.add_column(column)
+    for call in pending:
+        table.add_row(call["call_id"], call["kind"], call["name"], str(call["seq"]),
+                      str(call.get("attempt", 1)), call.get("status", "pending"),
+                      call.get("idempotency_key") or "")
+    out.print(table)
+
+
+def _pairs(values: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={_plain(value)}" for key, value in values.items())
+
+
+def _plain(value: Any) -> str:
+    import orjson
+
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@click.command()
+@click.argument("task_id", metavar="[TASK]", required=False)
+@click.option("--all", "all_tasks", is_flag=True, help="Verify every task.")
+@dsn_option
+@json_option
+def verify(task_id: str | None, all_tasks: bool, dsn: str | None, as_json: bool) -> None:
+    """Verify hash chains, contiguous seqs and legal transitions; exit 1 on the first bad seq."""
+    if (task_id is None) == (not all_tasks):
+        raise click.UsageError("name a TASK or pass --all (not both)")
+    ok = run(_verify(task_id, dsn, as_json), dsn=dsn)
+    if not ok:
+        raise SystemExit(EXIT_FINDING)
+
+
+async def _verify(task_id: str | None, dsn: str | None, as_json: bool) -> bool:
+    async with open_engine(dsn) as engine:
+        if task_id is not None:
+            report = await engine.store.verify_task(task_id)
+            _print_verify(report, as_json, single=True)
+            return report.ok
+        return await _verify_all(engine.store, as_json)
+
+
+async def _verify_all(store: Store, as_json: bool) -> bool:
+    row = await store.database.fetchrow(COUNT_TASKS)
+    total = int(row["tasks"])
+    checked = failed = events = 0
+    after = ""
+    limiter = asyncio.Semaphore(verify_concurrency)
+
+    async def one(task: str) -> VerifyReport:
+        async with limiter:
+            return await store.verify_task(task)
+
+    with progress() as bars:
+        bars.update("verifying tasks", 0, total)
+        while True:
+            heads = await store.list_tasks(after_task_id=after, limit=verify_page_tasks)
+            if not heads:
+                break
+            reports = await asyncio.gather(*(one(head.task_id) for head in heads))
+            for report in reports:
+                checked, events = checked + 1, events + report.events
+                failed += 0 if report.ok else 1
+                _print_verify(report, as_json, single=False)
+            bars.update("verifying tasks", checked, max(total, checked))
+            after = heads[-1].task_id
+    if not as_json:
+        verdict = "all ok" if failed == 0 else f"[red]{failed} failed[/]"
+        console().print(f"verified {checked} task(s), {events} event(s): {verdict}")
+    return failed == 0
+
+
+def _print_verify(report: VerifyReport, as_json: bool, *, single: bool) -> None:
+    if as_json:
+        emit(verify_json(report))
+        return
+    violation = report.violation
+    if violation is None:
+        if single:
+            console().print(f"task {report.task_id}: ok ({report.events} events, head seq "
+                            f"{report.head_seq}, hash {short_hash(report.head_hash)})")
+        return
+    console().print(f"task {report.task_id}: [red]FAILED[/] at seq {violation.seq} "
+                    f"({violation.kind}): {violation.detail}")

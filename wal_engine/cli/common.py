@@ -1,0 +1,376 @@
+"""What every ``wal-engine`` command shares: options, the error contract, output, progress.
+
+The error contract: an error is one line on standard error (``error: ...``) and a non-zero
+exit code, never a traceback. The codes:
+
+====  ==================================================================================
+0     success
+1     a finding: ``verify`` found a broken chain, ``replay`` a non-determinism, or the log
+      cannot be read (corruption)
+2     bad usage: an unknown option, bad JSON, an invalid input or budget
+3     refused: unknown task, a task id taken by another submission, a finished task
+4     the database: unreachable (the DSN is named without its password), no wal-engine
+      schema or another version of it, or a configuration the engine refuses
+70    an internal error (a bug: please report it; ``WAL_ENGINE_DEBUG=1`` prints its traceback)
+130   interrupted
+====  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+import sys
+import traceback
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
+
+import asyncpg
+import click
+import orjson
+from rich.console import Console
+
+from wal_engine.errors import (
+    ConfigurationError,
+    CorruptionError,
+    DatabaseUnavailable,
+    InvalidInput,
+    SchemaMismatch,
+    WalError,
+)
+from wal_engine.logs import configure_logging
+from wal_engine.store.connection import DSN_ENV, redact_dsn
+
+if TYPE_CHECKING:
+    from wal_engine.engine import Engine
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_FINDING: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_REFUSED: Final = 3
+EXIT_DATABASE: Final = 4
+EXIT_INTERNAL: Final = 70
+EXIT_INTERRUPTED: Final = 130
+
+piped_width_chars: Final = 160
+"""Width of human output written to a pipe or file (a terminal's own width otherwise)."""
+
+cli_pool_size_max: Final = 4
+
+DEBUG_ENV: Final = "WAL_ENGINE_DEBUG"
+"""Set to print the traceback of an internal error (a bug) before its one-line report."""
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line with its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def dsn_option(function: F) -> F:
+    """``--dsn``: the database (default ``WAL_ENGINE_DSN``, else the embedded server)."""
+    return click.option(
+        "--dsn", envvar=DSN_ENV, default=None, metavar="DSN",
+        help=f"PostgreSQL DSN (default: {DSN_ENV}, else the embedded server).",
+    )(function)
+
+
+def json_option(function: F) -> F:
+    """``--json``: one JSON object per line on standard output, for scripts."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="One JSON object per line (stable keys), for scripts.")(function)
+
+
+def parse_json(text: str, what: str) -> Any:
+    """Parse a JSON argument; a bad one is a usage error naming the option."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise CliError(f"{what} is not valid JSON: {error}", EXIT_USAGE) from error
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run(coroutine: Coroutine[Any, Any, T], *, dsn: str | None = None,
+        log_level: str = "warning") -> T:
+    """Run a command's coroutine under the error contract (see the module docstring)."""
+    try:
+        configure_logging(default_level=log_level)
+        return asyncio.run(coroutine)
+    except CliError as error:
+        fail(error.message, error.code, dsn)
+    except click.ClickException:
+        raise
+    except KeyboardInterrupt:
+        fail("interrupted", EXIT_INTERRUPTED, dsn)
+    except BrokenPipeError:
+        _quiet_stdout()
+        raise SystemExit(EXIT_FINDING) from None
+    except WalError as error:
+        fail(*describe_error(error), dsn)
+    except asyncpg.PostgresError as error:
+        fail(f"database error: {type(error).__name__}: {error}", EXIT_DATABASE, dsn)
+    except (OSError, asyncpg.InterfaceError) as error:
+        fail(f"database error: {type(error).__name__}: {error}", EXIT_DATABASE, dsn)
+    except Exception as error:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        fail(f"internal error: {type(error).__name__}: {error} (set {DEBUG_ENV}=1 for the "
+             "traceback)", EXIT_INTERNAL, dsn)
+    finally:
+        coroutine.close()  # A coroutine never started (configuration failed) must not warn.
+
+
+def describe_error(error: WalError) -> tuple[str, int]:
+    """The line and exit code for an error the engine raised on purpose."""
+    from wal_engine.errors import (
+        ForkPointInvalid,
+        TaskAlreadyExists,
+        UnknownTask,
+    )
+
+    if isinstance(error, SchemaMismatch):
+        if error.found is not None and error.found > error.expected:
+            hint = "upgrade wal-engine to use this database"
+        else:
+            hint = "run `wal-engine migrate` first"
+        return f"{error}; {hint}", EXIT_DATABASE
+    if isinstance(error, DatabaseUnavailable | ConfigurationError):
+        return str(error), EXIT_DATABASE
+    if isinstance(error, CorruptionError):
+        return f"the log cannot be read: {error}", EXIT_FINDING
+    if isinstance(error, ForkPointInvalid):
+        return str(error), EXIT_USAGE
+    if isinstance(error, UnknownTask | TaskAlreadyExists):
+        return str(error), EXIT_REFUSED
+    if isinstance(error, InvalidInput):
+        return str(error), EXIT_USAGE
+    return str(error), EXIT_REFUSED
+
+
+def fail(message: str, code: int, dsn: str | None = None) -> NoReturn:
+    """Print ``error: message`` (never a password) on one line and exit with ``code``."""
+    line = " ".join(scrub(message, dsn).split())
+    click.echo(f"error: {line}", err=True)
+    raise SystemExit(code)
+
+
+def scrub(text: str, dsn: str | None) -> str:
+    """``text`` without the password of ``dsn`` or of ``WAL_ENGINE_DSN``."""
+    for candidate in (dsn, os.environ.get(DSN_ENV)):
+        if not candidate:
+            continue
+        if candidate in text:
+            text = text.replace(candidate, redact_dsn(candidate))
+        try:
+            password = urllib.parse.urlsplit(candidate).password
+        except ValueError:
+            continue
+        if password:
+            text = text.replace(password, "***")
+    return text
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe (``| head``): send what is left to /dev/null, exit quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class MainGroup(click.Group):
+    """The command group: usage errors are one line too."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as error:
+            message = error.format_message()
+            context = getattr(error, "ctx", None)
+            if context is not None:
+                message += f" (see `{context.command_path} --help`)"
+            fail(message, error.exit_code)
+        except click.Abort:
+            fail("aborted", EXIT_INTERRUPTED)
+        raise SystemExit(code if isinstance(code, int) else 0)
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+@asynccontextmanager
+async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[Engine]:
+    """An engine on ``dsn`` that never migrates; writers insist on synchronous commit."""
+    from wal_engine.engine import connect
+
+    engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
+                           pool_size_max=cli_pool_size_max)
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def read_only_dsn(dsn: str) -> str:
+    """``dsn`` with every transaction read-only (a server setting asyncpg takes from the URL)."""
+    parts = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qsl(parts.query)
+    query = [(key, value) for key, value in query if key != "default_transaction_read_only"]
+    query.append(("default_transaction_read_only", "on"))
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+# ----------------------------------------------------------------------------- agents
+
+
+def load_target(spec: str) -> Any:
+    """Import ``module:attr`` (``attr`` may be dotted); the working directory is importable."""
+    module_name, separator, attribute = spec.partition(":")
+    if not separator or not module_name or not attribute:
+        raise CliError(f"--agents {spec!r} must look like module:attr", EXIT_USAGE)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise CliError(f"--agents: cannot import {module_name!r}: {error}", EXIT_USAGE) from error
+    except Exception as error:  # The user's module failed while being imported.
+        raise CliError(f"--agents: importing {module_name!r} raised {type(error).__name__}: "
+                       f"{error}", EXIT_USAGE) from error
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as error:
+            raise CliError(f"--agents: {module_name!r} has no attribute {attribute!r}",
+                           EXIT_USAGE) from error
+    return target
+
+
+async def install_agents(engine: Engine, spec: str) -> None:
+    """Register the agents ``spec`` names on ``engine``.
+
+    ``module:attr`` is either a function taking the engine and registering agents on it
+    (``register(engine)``, sync or async, like ``wal_engine.demo:register``), or a mapping
+    of agent names to agent functions (or :class:`~wal_engine.engine.AgentDefinition`).
+    """
+    from wal_engine.engine import AgentDefinition
+
+    target = load_target(spec)
+    if isinstance(target, Mapping):
+        for name, entry in target.items():
+            if isinstance(entry, AgentDefinition):
+                engine.agents[str(name)] = entry
+            else:
+                engine.register(str(name), entry)
+    elif callable(target) and _takes_one_argument(target):
+        try:
+            result = target(engine)
+            if inspect.isawaitable(result):
+                await result
+        except (WalError, asyncpg.PostgresError):
+            raise  # Reported like any engine or database error.
+        except Exception as error:  # The user's register function failed.
+            raise CliError(f"--agents {spec!r} raised {type(error).__name__}: {error}",
+                           EXIT_USAGE) from error
+    else:
+        raise CliError(f"--agents {spec!r} must name a function taking an Engine, or a "
+                       "mapping of agent names to agent functions", EXIT_USAGE)
+    if not engine.agents:
+        raise CliError(f"--agents {spec!r} registered no agent", EXIT_USAGE)
+
+
+def _takes_one_argument(function: Callable[..., Any]) -> bool:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                       p.POSITIONAL_OR_KEYWORD)]
+    return len(required) == 1
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def console() -> Console:
+    """Human output on standard output (wide when piped, so tables are not cut)."""
+    return Console(width=None if sys.stdout.isatty() else piped_width_chars,
+                   highlight=False)
+
+
+def emit(value: Mapping[str, Any]) -> None:
+    """One JSON object on one line of standard output; keys sorted (stable for scripts)."""
+    click.echo(orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=_json_default)
+               .decode())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+class ProgressDisplay:
+    """Progress bars on a terminal's standard error; nothing at all when it is piped."""
+
+    def __init__(self) -> None:
+        self._console = Console(stderr=True)
+        self._bars: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    @property
+    def shown(self) -> bool:
+        """Whether bars are drawn (standard error is a terminal)."""
+        return bool(self._console.is_terminal)
+
+    def update(self, phase: str, done: int, total: int | None) -> None:
+        """Move the bar of ``phase`` (created on first use) to ``done`` of ``total``."""
+        if self._bars is None:
+            return
+        task = self._tasks.get(phase)
+        if task is None:
+            task = self._tasks[phase] = self._bars.add_task(phase, total=total)
+        self._bars.update(task, completed=done, total=total)
+
+
+@contextmanager
+def progress() -> Iterator[ProgressDisplay]:
+    """A :class:`ProgressDisplay` for the duration of a long operation (removed when done)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    display = ProgressDisplay()
+    if not display.shown:
+        yield display
+        return
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=display._console, transient=True)
+    display._bars = bars
+    with bars:
+        yield display
+
+
+def short_hash(value: bytes | None, length: int = 12) -> str:
+    """The first hex digits of a hash, for humans."""
+    return "" if not value else value.hex()[:length]

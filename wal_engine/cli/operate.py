@@ -1,0 +1,220 @@
+"""Commands that run things: ``worker``, ``replay``, ``timeline``, ``migrate``, ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from wal_engine.cli.common import (
+    EXIT_FINDING,
+    EXIT_USAGE,
+    CliError,
+    console,
+    dsn_option,
+    emit,
+    install_agents,
+    json_option,
+    open_engine,
+    progress,
+    read_only_dsn,
+    run,
+)
+from wal_engine.errors import SchemaMismatch
+from wal_engine.replay_check import ReplayReport, replay_timeout_s_default
+
+
+@click.command()
+@click.option("--agents", "agents_spec", required=True, metavar="MODULE:ATTR",
+              help="A function registering agents on an Engine (register(engine)), or a "
+                   "mapping of agent names to agent functions.")
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Most tasks run at once.")
+@click.option("--worker-id", default=None, help="Default: host-pid-random.")
+@click.option("--lease-ttl-ms", type=click.IntRange(100), default=None,
+              help="Lease time to live (default 45000).")
+@click.option("--heartbeat-ms", type=click.IntRange(10), default=None,
+              help="Lease renewal interval, at most a third of the TTL (default 15000).")
+@click.option("--poll-ms", type=click.IntRange(10), default=None,
+              help="Fallback claim interval (default 1000).")
+@click.option("--until-idle", is_flag=True,
+              help="Return once no task is running and none is due.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              envvar="WAL_ENGINE_METRICS_PORT",
+              help="Serve Prometheus metrics on this port (needs the metrics extra).")
+@click.option("--metrics-addr", default="0.0.0.0", show_default=True,
+              help="Address the metrics server binds.")
+@dsn_option
+def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
+           heartbeat_ms: int | None, poll_ms: int | None, until_idle: bool,
+           metrics_port: int | None, metrics_addr: str, dsn: str | None) -> None:
+    """Run a worker for the agents of MODULE:ATTR until SIGTERM (then hand tasks back)."""
+    timings = {name: value for name, value in (("lease_ttl_ms", lease_ttl_ms),
+                                               ("heartbeat_ms", heartbeat_ms),
+                                               ("poll_ms", poll_ms)) if value is not None}
+    run(_worker(agents_spec, concurrency, worker_id, timings, until_idle, metrics_port,
+                metrics_addr, dsn), dsn=dsn, log_level="info")
+
+
+async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
+                  timings: dict[str, int], until_idle: bool, metrics_port: int | None,
+                  metrics_addr: str, dsn: str | None) -> None:
+    from wal_engine import metrics
+
+    server = None if metrics_port is None else metrics.serve(metrics_port, metrics_addr)
+    try:
+        async with open_engine(dsn, write=True) as engine:
+            await install_agents(engine, agents_spec)
+            try:
+                runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
+            except ValueError as error:
+                raise CliError(f"worker settings: {error}", EXIT_USAGE) from error
+            # Signal handlers need the main thread (a test runner may call us from another).
+            in_main_thread = threading.current_thread() is threading.main_thread()
+            await runner.run(install_signal_handlers=in_main_thread, until_idle=until_idle)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@click.option("--agents", "agents_spec", required=True, metavar="MODULE:ATTR",
+              help="Today's agents (as for `worker`).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), show_default=True,
+              default=replay_timeout_s_default, help="Longest the code may run, in seconds.")
+@dsn_option
+@json_option
+def replay(task_id: str, agents_spec: str, timeout_s: float, dsn: str | None,
+           as_json: bool) -> None:
+    """Re-run today's agent code against TASK's recorded history; report the first
+    non-determinism (exit 1). Nothing is called and nothing is written."""
+    report = run(_replay(task_id, agents_spec, timeout_s, dsn), dsn=dsn)
+    if as_json:
+        emit({**msgspec.to_builtins(report), "ok": report.ok})
+    else:
+        _print_replay(report)
+    if not report.ok:
+        raise SystemExit(EXIT_FINDING)
+
+
+async def _replay(task_id: str, agents_spec: str, timeout_s: float,
+                  dsn: str | None) -> ReplayReport:
+    from wal_engine.replay_check import check_history
+    from wal_engine.store.connection import resolve_dsn
+
+    # Every transaction of this session is read-only: even a bug cannot write.
+    async with open_engine(read_only_dsn(await resolve_dsn(dsn))) as engine:
+        await install_agents(engine, agents_spec)
+        with progress() as bars:
+            return await check_history(engine, task_id, timeout_s=timeout_s,
+                                       on_progress=bars.update)
+
+
+def _print_replay(report: ReplayReport) -> None:
+    out = console()
+    out.print(f"task {report.task_id} (agent {report.agent}, {report.recorded_status}): "
+              f"{report.events} events, {report.calls_replayed} of {report.calls_recorded} "
+              f"recorded calls replayed")
+    divergence = report.divergence
+    if divergence is not None:
+        out.print(f"[red]NON-DETERMINISM[/] ({divergence.kind}) at seq {divergence.seq}: "
+                  f"{divergence.detail}")
+        out.print(f"fork point: `wal-engine fork {report.task_id} --at {divergence.fork_point}`")
+        return
+    if report.outcome == "timed_out":
+        out.print(f"[red]timed out[/]: {report.error}")
+        return
+    if report.outcome == "reached_end":
+        out.print(f"ok: today's code matches the whole history; it stops at {report.stopped_at}")
+    elif report.outcome == "completed":
+        same = {True: "; same output", False: "; [yellow]different output[/]", None: ""}
+        out.print(f"ok: today's code matches the history and returns"
+                  f"{same[report.output_matches]}")
+    else:
+        out.print(f"ok: today's code matches the history, then raises {report.error}")
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False,
+              writable=True, path_type=Path), help="The HTML file to write.")
+@click.option("--from", "from_seq", type=click.IntRange(1), default=1, help="First seq drawn.")
+@click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq drawn.")
+@dsn_option
+@json_option
+def timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
+             dsn: str | None, as_json: bool) -> None:
+    """Write TASK's life as a self-contained HTML timeline (click an event for its payload)."""
+    events = run(_timeline(task_id, html_path, from_seq, to_seq, dsn), dsn=dsn)
+    if as_json:
+        emit({"task_id": task_id, "file": str(html_path), "events": events})
+    else:
+        console().print(f"timeline of {task_id} ({events} events) written to {html_path}")
+
+
+async def _timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
+                    dsn: str | None) -> int:
+    from wal_engine.timeline import write_timeline
+
+    async with open_engine(dsn) as engine:
+        return await write_timeline(engine.store, task_id, html_path, from_seq=from_seq,
+                                    to_seq=to_seq)
+
+
+@click.command()
+@dsn_option
+@json_option
+def migrate(dsn: str | None, as_json: bool) -> None:
+    """Apply the wal-engine schema (idempotent; refuses a newer schema)."""
+    result = run(_migrate(dsn), dsn=dsn)
+    if as_json:
+        emit(result)
+        return
+    before = result["schema_version_before"]
+    was = "no schema" if before is None else f"schema version {before}"
+    console().print(f"{result['dsn']}: {was} -> schema version {result['schema_version']}")
+
+
+async def _migrate(dsn: str | None) -> dict[str, Any]:
+    from wal_engine.store.connection import (
+        SCHEMA_VERSION,
+        _connect_once,
+        apply_schema,
+        read_schema_version,
+        redact_dsn,
+        resolve_dsn,
+    )
+
+    with progress() as bars:
+        bars.update("migrating", 0, 3)
+        resolved = await resolve_dsn(dsn)
+        connection = await _connect_once(resolved)
+        try:
+            before = await read_schema_version(connection)
+            bars.update("migrating", 1, 3)
+            if before is not None and before > SCHEMA_VERSION:
+                raise SchemaMismatch(before, SCHEMA_VERSION)
+            await apply_schema(connection)
+            bars.update("migrating", 2, 3)
+            after = await read_schema_version(connection)
+            bars.update("migrating", 3, 3)
+        finally:
+            await connection.close()
+    return {"dsn": redact_dsn(resolved), "schema_version_before": before,
+            "schema_version": after, "applied": before != after}
+
+
+@click.command()
+@dsn_option
+def demo(dsn: str | None) -> None:
+    """Run the crash-and-resume demo end to end on the embedded PostgreSQL."""
+    from wal_engine.demo_show import run_demo
+
+    if not run(run_demo(dsn=dsn), dsn=dsn):
+        raise SystemExit(EXIT_FINDING)

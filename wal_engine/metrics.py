@@ -1,0 +1,180 @@
+"""Prometheus metrics of the engine, behind the optional ``metrics`` extra.
+
+With ``prometheus-client`` installed (``pip install 'wal-engine[metrics]'``) the engine
+counts into the default registry, and ``wal-engine worker --metrics-port N`` serves it.
+Without it every hook below is a function call that tests one module global and returns:
+nothing is imported, allocated or timed.
+
+The hooks are single calls placed in the engine where the thing happens:
+
+========================================  ====================================================
+``wal_engine_events_appended_total``      events accepted by fenced appends
+``wal_engine_append_statements_total``    append statements sent, by ``path`` (single, group)
+``wal_engine_append_seconds``             latency of one append statement, by ``path``
+``wal_engine_tasks_claimed_total``        claims (a task leased by a worker)
+``wal_engine_tasks_orphaned_total``       leases broken because their worker stopped renewing
+``wal_engine_call_retries_total``         tool/LLM attempts retried, by ``kind`` and ``reason``
+``wal_engine_budget_trips_total``         tasks failed by a budget, by ``budget``
+``wal_engine_effects_deduplicated_total`` side effects answered from the dedup table
+``wal_engine_resume_events_folded``       events folded to resume a task (the replay length),
+                                          by ``source`` (snapshot + tail, or the whole log)
+========================================  ====================================================
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from wal_engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+append_buckets_s: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+                           2.5)
+folded_buckets_events: Final = (0, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+EXTRA_HINT: Final = "install the metrics extra: pip install 'wal-engine[metrics]'"
+
+
+class Instruments:
+    """The engine's counters and histograms, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        target = REGISTRY if registry is None else registry
+        self.registry = target
+        self.events_appended = Counter(
+            "wal_engine_events_appended", "Events accepted by fenced appends.", registry=target)
+        self.append_statements = Counter(
+            "wal_engine_append_statements", "Append statements sent.", ["path"],
+            registry=target)
+        self.append_seconds = Histogram(
+            "wal_engine_append_seconds", "Latency of one append statement.", ["path"],
+            buckets=append_buckets_s, registry=target)
+        self.tasks_claimed = Counter(
+            "wal_engine_tasks_claimed", "Tasks leased by a worker.", registry=target)
+        self.tasks_orphaned = Counter(
+            "wal_engine_tasks_orphaned", "Leases broken after their worker stopped renewing.",
+            registry=target)
+        self.call_retries = Counter(
+            "wal_engine_call_retries", "Tool and LLM attempts retried.", ["kind", "reason"],
+            registry=target)
+        self.budget_trips = Counter(
+            "wal_engine_budget_trips", "Tasks failed by a budget.", ["budget"], registry=target)
+        self.effects_deduplicated = Counter(
+            "wal_engine_effects_deduplicated",
+            "Side effects answered from the dedup table instead of acting again.",
+            registry=target)
+        self.resume_events_folded = Histogram(
+            "wal_engine_resume_events_folded", "Events folded to resume a task.", ["source"],
+            buckets=folded_buckets_events, registry=target)
+
+
+def _load() -> Instruments | None:
+    try:
+        import prometheus_client  # noqa: F401 -- only asks whether the extra is installed
+    except ImportError:
+        return None
+    return Instruments()
+
+
+_instruments: Instruments | None = _load()
+
+
+def available() -> bool:
+    """Whether prometheus-client is installed (metrics are collected)."""
+    return _instruments is not None
+
+
+def instruments() -> Instruments | None:
+    """The live instruments, or None without the extra."""
+    return _instruments
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+def clock() -> float:
+    """A start time for :func:`append_observed` (0.0 and no clock read without the extra)."""
+    return time.perf_counter() if _instruments is not None else 0.0
+
+
+def append_observed(path: str, started: float) -> None:
+    """One append statement of ``path`` (``single`` or ``group``) finished."""
+    if _instruments is None:
+        return
+    _instruments.append_statements.labels(path).inc()
+    _instruments.append_seconds.labels(path).observe(time.perf_counter() - started)
+
+
+def events_appended(count: int) -> None:
+    """``count`` events of one task were accepted."""
+    if _instruments is not None:
+        _instruments.events_appended.inc(count)
+
+
+def tasks_claimed(count: int) -> None:
+    """A claim statement leased ``count`` tasks."""
+    if _instruments is not None and count:
+        _instruments.tasks_claimed.inc(count)
+
+
+def tasks_orphaned(count: int) -> None:
+    """A sweep broke ``count`` expired leases."""
+    if _instruments is not None and count:
+        _instruments.tasks_orphaned.inc(count)
+
+
+def call_retried(kind: str, reason: str) -> None:
+    """A ``kind`` (tool, llm) call is attempted again; ``reason``: failure or in_doubt."""
+    if _instruments is not None:
+        _instruments.call_retries.labels(kind, reason).inc()
+
+
+def call_failed(kind: str, retryable: bool) -> None:
+    """An attempt failed; a retryable failure counts as a retry."""
+    if _instruments is not None and retryable:
+        _instruments.call_retries.labels(kind, "failure").inc()
+
+
+def budget_tripped(budget: str) -> None:
+    """A task was failed by its ``budget`` (max_steps, max_tokens, ...)."""
+    if _instruments is not None:
+        _instruments.budget_trips.labels(budget).inc()
+
+
+def effect_deduplicated() -> None:
+    """A side effect returned its recorded result instead of acting again."""
+    if _instruments is not None:
+        _instruments.effects_deduplicated.inc()
+
+
+def resumed(events_folded: int, from_snapshot: bool) -> None:
+    """A task run folded ``events_folded`` events to resume."""
+    if _instruments is not None:
+        source = "snapshot" if from_snapshot else "log"
+        _instruments.resume_events_folded.labels(source).observe(events_folded)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve the default registry over HTTP on ``addr:port`` (a daemon thread).
+
+    Returns the HTTP server (``shutdown()`` stops it).
+
+    Raises:
+        ConfigurationError: prometheus-client is not installed, or the port is taken.
+    """
+    if _instruments is None:
+        raise ConfigurationError(f"metrics are not available: {EXTRA_HINT}")
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr, registry=_instruments.registry)
+    except OSError as error:
+        raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {error}") from error
+    return server
