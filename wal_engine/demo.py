@@ -166,8 +166,11 @@ def main() -> None:
     import asyncio
     import sys
 
+    from wal_engine.logs import configure_logging
+
     if len(sys.argv) != 4 or sys.argv[1] != "worker":
         raise SystemExit("usage: python -m wal_engine.demo worker DSN WORKER_ID")
+    configure_logging()
     asyncio.run(run_worker(sys.argv[2], sys.argv[3]))
 
 
