@@ -159,13 +159,15 @@ class IdempotencyGateway:
         row = await self.database.fetchrow(READ_KEY, claim.key)
         if row is None:
             return _pending  # Released between our claim attempt and this read: try again.
+        if row["epoch"] > claim.epoch:
+            # A newer owner holds (or held) the key: this caller is a zombie, refused even
+            # when the answer is known, so it learns it was fenced.
+            raise StaleEpoch(claim.key, claim.epoch, int(row["epoch"]))
         if row["state"] == "completed":
             metrics.effect_deduplicated()
             return payloads.decode_payload(row["result"])
         if row["state"] == "failed":
             raise EffectFailed(claim.key, str(row["error"]))
-        if row["epoch"] > claim.epoch:
-            raise StaleEpoch(claim.key, claim.epoch, int(row["epoch"]))
         return _pending
 
     async def fail(self, claim: Claim, error: str) -> None:

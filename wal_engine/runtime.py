@@ -12,6 +12,8 @@ nothing more is written or done).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Sequence
@@ -51,6 +53,8 @@ retry timers). The journal the agent code is matched against leaves them out."""
 
 _no_budget: Final = ev.Budget()
 diagnostic_events_max: Final = 10
+release_timeout_s: Final = 5.0
+"""How long a cancelled run may take to hand its task back before the worker exits."""
 error_text_max: Final = 2000
 
 
@@ -172,6 +176,15 @@ class TaskRun:
             self.log.warning("task_run_fenced", reason=self.fenced_reason)
         except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
             self.log.warning("task_run_interrupted", error=repr(error))
+        except asyncio.CancelledError:
+            # A graceful stop ran out of time while the agent was inside a call: hand the
+            # task back now rather than leave it to lease expiry. The call in flight stays
+            # in doubt in the log and is handled as such by the next owner.
+            if self.suspend_requested and self.leased and self.fenced_reason is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wait_for(
+                        self._release("worker stopped during a call"), release_timeout_s))
+            raise
 
     async def _run_agent(self, context: Any, function: Any, agent_input: Any) -> None:
         trip = self.check_budget(at_claim=True)

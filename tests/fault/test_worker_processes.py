@@ -129,3 +129,25 @@ async def _all_terminal(harness: FaultHarness) -> bool:
     rows = await harness.engine.database.fetch(
         "SELECT count(*) AS open FROM wal_tasks WHERE status NOT IN ('COMPLETED', 'FAILED')")
     return rows[0]["open"] == 0
+
+
+async def test_sigterm_hands_the_task_back_and_exits_zero(harness: FaultHarness) -> None:
+    """SIGTERM: the worker stops at the next durable point, the task is RESUMING, exit 0."""
+    task_id = await harness.engine.submit("steps", {"tools": 6, "latency_ms": 200})
+    leaving = await harness.spawn("leaving")
+    await wait_for(lambda: _events(harness, task_id, "tool_call_completed"), "a first step")
+    leaving.kill(signal.SIGTERM)
+    await wait_for(lambda: leaving.process.poll() is not None, "the graceful exit", 30)
+    assert leaving.process.returncode == 0, leaving.output()
+    head = await harness.engine.head(task_id)
+    history = await harness.engine.history(task_id)
+    assert head.status is Status.RESUMING and history[-1].type == "task_released"
+    assert head.lease_owner is None
+    await harness.spawn("successor")
+    await wait_for(lambda: _terminal(harness, task_id), "completion", 30)
+    assert (await harness.engine.state(task_id)).output == 21
+    await harness.assert_effects_once_and_intended()
+
+
+async def _events(harness: FaultHarness, task_id: str, kind: str) -> bool:
+    return any(r.type == kind for r in await harness.engine.history(task_id))

@@ -449,3 +449,34 @@ async def test_a_task_that_keeps_crashing_is_dead_lettered(engine: Engine) -> No
     state = await drive(engine, task_id)
     assert state.status is Status.FAILED and state.budget_exceeded.budget == "max_attempts"
     assert runs["doomed"] == 3 and state.attempts == 4
+
+
+async def test_long_retry_delay_becomes_a_durable_timer(engine: Engine) -> None:
+    """A backoff longer than durable_after_s releases the lease (WAITING) instead of sleeping."""
+    effects = Effects()
+
+    @engine.agent("patient")
+    async def patient(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("slow", effects.tool("slow", "ok", fail_first=1), {},
+                              retry=RetryPolicy(max_attempts=3, initial_delay_s=0.4,
+                                                multiplier=1.0, durable_after_s=0.0))
+
+    task_id = await engine.submit("patient")
+    state = await drive(engine, task_id)
+    assert state.output == "ok" and effects.calls["slow"] == 2
+    types = [r.type for r in await engine.history(task_id)]
+    waits = [t for t in types if t in ("timer_started", "task_woken", "timer_fired")]
+    assert waits == ["timer_started", "task_woken", "timer_fired"]
+
+
+async def test_runtime_budget_counts_across_claims(engine: Engine) -> None:
+    """max_runtime_s trips from the database's first-claim time, across workers and sleeps."""
+    @engine.agent("slowpoke")
+    async def slowpoke(ctx: AgentContext, task_input: Any) -> Any:
+        await ctx.sleep(0.3)
+        await ctx.tool("after", lambda a: "late", {})
+        return "finished"
+
+    task_id = await engine.submit("slowpoke", budget=Budget(max_runtime_s=0.2))
+    state = await drive(engine, task_id)
+    assert state.status is Status.FAILED and state.budget_exceeded.budget == "max_runtime_s"
