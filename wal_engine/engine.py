@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import asyncpg
 import msgspec
 import structlog
 
@@ -31,6 +32,7 @@ AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 F = TypeVar("F", bound=AgentFunction)
 
 wait_poll_s_default: Final = 0.05
+emit_attempts_max: Final = 10
 recovery_attempts_max_default: Final = 20
 """Claims of one task before it is failed as dead-lettered, when its budget sets no
 ``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
@@ -125,8 +127,7 @@ class Engine:
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
         encoded = encode_payload(payload)
-        row = await self.database.fetchrow(queries.SEND_SIGNAL, task_id, name, encoded,
-                                           dedup_key, task_id=task_id)
+        row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
     async def approve(self, task_id: str, call_id: str, *, approver: str, approved: bool = True,
@@ -158,9 +159,24 @@ class Engine:
         Returns False if the task had already finished.
         """
         validate_task_id(task_id)
-        row = await self.database.fetchrow(queries.CANCEL_TASK, task_id, reason, requested_by,
-                                           task_id=task_id)
+        row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])
+
+    async def _emitting(self, statement: str, task_id: str, *args: Any) -> Any:
+        """Run a statement that appends an event of the database's own (wal_emit).
+
+        Its event takes the next seq; if the task's owner appended that very seq at the same
+        moment, the primary key refuses ours and the statement is simply run again.
+        """
+        for attempt in range(emit_attempts_max):
+            try:
+                return await self.database.fetchrow(statement, task_id, *args,
+                                                    task_id=task_id)
+            except asyncpg.UniqueViolationError:
+                if attempt == emit_attempts_max - 1:
+                    raise
+                await asyncio.sleep(0.005 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def fork(self, task_id: str, at_seq: int) -> TaskId:
         """A new task continuing a prefix of ``task_id``'s history up to ``at_seq``."""
