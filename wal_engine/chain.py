@@ -40,11 +40,10 @@ def event_hash(
     return digest.digest()
 
 
-class ChainRow(Protocol):
-    """What verification needs of a stored event row."""
+class StoredEvent(Protocol):
+    """A stored event row as the store returns it (``wal_engine.store.EventRecord``): what
+    reading it needs (``replay.fold`` folds such rows)."""
 
-    @property
-    def task_id(self) -> str: ...
     @property
     def seq(self) -> int: ...
     @property
@@ -52,13 +51,20 @@ class ChainRow(Protocol):
     @property
     def version(self) -> int: ...
     @property
-    def epoch(self) -> int: ...
-    @property
     def payload(self) -> bytes: ...
     @property
-    def prev_hash(self) -> bytes: ...
-    @property
     def hash(self) -> bytes: ...
+
+
+class ChainRow(StoredEvent, Protocol):
+    """What verification needs of a stored event row: the row and its links in the chain."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def prev_hash(self) -> bytes: ...
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):
