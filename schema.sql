@@ -254,6 +254,10 @@ CREATE OR REPLACE TRIGGER wal_signals_append_only
     BEFORE UPDATE OR DELETE ON wal_signals
     FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
 
+CREATE OR REPLACE TRIGGER wal_signals_no_truncate
+    BEFORE TRUNCATE ON wal_signals
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+
 -- Append one event written by the database itself to a task the caller has locked FOR
 -- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the
 -- new seq. The payload is JSON text built by the caller; its bytes are what is hashed.

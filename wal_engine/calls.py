@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from replay.journal import Fresh, InDoubt, Outcome, Retry
-from replay.state import CallStatus
+from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
 from wal_engine import failpoints, metrics
 from wal_engine.context import (
@@ -35,6 +35,7 @@ from wal_engine.context import (
 from wal_engine.errors import InvalidPayload
 from wal_engine.idempotency import Claim
 from wal_engine.ids import idempotency_key
+from wal_engine.redaction import redact_event, resolve_secret_refs, scrub_values, secrets_in
 from wal_engine.retries import RetryPolicy, backoff_delay_s, should_retry
 from wal_engine.runtime import INTERNAL_PREFIX, Finished, Suspended
 from wal_engine.state_machine import Status
@@ -58,6 +59,13 @@ def _intent_seq(run: TaskRun) -> int:
     return run.head_seq + (2 if run.status is Status.CHECKPOINTED else 1)
 
 
+def _error_text(run: TaskRun, error: BaseException, secrets: tuple[str, ...]) -> str:
+    """An error's text as the log may hold it: the call's resolved secrets and anything
+    credential-like removed, then cut to the bound (in that order: a credential cut in half
+    would no longer be recognised)."""
+    return run.redact_text(scrub_values(str(error), secrets))[:error_text_max]
+
+
 def _claim(run: TaskRun, key: str) -> Claim:
     return Claim(key=key, owner=run.worker.worker_id, epoch=run.epoch, task_id=run.task_id)
 
@@ -66,6 +74,10 @@ async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int |
                       policy: RetryPolicy) -> None:
     """Wait for a retry's due time: in memory if short, as a durable timer if long."""
     delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms()
+    # The due time was computed on the wall clock of whichever worker recorded the failure;
+    # no backoff exceeds the policy's cap, so a skewed clock cannot stretch it (RELIABILITY
+    # K1: a worker an hour ahead would otherwise park the retry for an hour).
+    delay_ms = min(delay_ms, round(policy.max_delay_s * 1000))
     timer_id = f"{INTERNAL_PREFIX}retry:{call_id}:{attempt}"
     timer = run.view.calls.get(timer_id)
     if timer is not None:
@@ -88,6 +100,8 @@ class ToolCaller:
     def __init__(self, run: TaskRun, spec: _ToolSpec) -> None:
         self.run = run
         self.spec = spec
+        self.secrets_used: tuple[str, ...] = ()
+        """Values of the secret references resolved for the attempt in flight."""
 
     async def drive(self, outcome: Outcome, *, approval: bool) -> Any:
         """Drive the call from the journal's answer to its outcome."""
@@ -115,7 +129,7 @@ class ToolCaller:
     def _intent(self, call_id: str, key: str, attempt: int) -> ev.ToolCallIntended:
         spec = self.spec
         return ev.ToolCallIntended(
-            call_id=call_id, tool=spec.name, args=spec.args, args_hash=spec.args_hash,
+            call_id=call_id, tool=spec.name, args=spec.stored_args, args_hash=spec.args_hash,
             idempotency_key=key, idempotent=spec.idempotent, attempt=attempt,
         )
 
@@ -136,12 +150,19 @@ class ToolCaller:
         for _ in range(attempts_max):
             token = _current_call.set(_claim(run, key))
             try:
-                result = await call_function(spec.function, spec.args, spec.timeout_s)
+                # Secret references are resolved at call time, for this attempt only. Their
+                # values, and those redacted from the arguments by key name, are scrubbed
+                # from the outcome too: a tool may echo them.
+                self.secrets_used = secrets_in(run.redactor, spec.args)
+                argument, resolved = await resolve_secret_refs(spec.args, run.engine.secrets)
+                self.secrets_used += resolved
+                result = await call_function(spec.function, argument, spec.timeout_s)
                 failpoints.hit("after_effect_before_result")
             except Exception as error:
                 retry_at = await self._record_failure(call_id, attempt, error)
                 if retry_at is None:
-                    raise ToolError(call_id, type(error).__name__, str(error)) from error
+                    raise ToolError(call_id, type(error).__name__,
+                                    _error_text(run, error, self.secrets_used)) from error
                 attempt += 1
                 await _wait_until(run, call_id, attempt, retry_at, spec.retry)
                 await run.append([self._intent(call_id, key, attempt)])
@@ -162,7 +183,7 @@ class ToolCaller:
             delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
             retry_at = _now_ms() + round(delay_s * 1000)
         await run.append([ev.ToolCallFailed(
-            call_id=call_id, attempt=attempt, error=str(error)[:error_text_max],
+            call_id=call_id, attempt=attempt, error=_error_text(run, error, self.secrets_used),
             error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
         log.info("tool_attempt_failed", task_id=run.task_id, call_id=call_id, attempt=attempt,
                  retryable=retryable, error_type=type(error).__name__)
@@ -170,14 +191,16 @@ class ToolCaller:
         return retry_at
 
     async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
-        landed = await self.run.store_result_or_failure(
-            ev.ToolCallCompleted(call_id=call_id, result=result),
+        """Record the result; return it as recorded (redacted), as a replay would."""
+        stored = await self.run.store_result_or_failure(
+            ev.ToolCallCompleted(call_id=call_id,
+                                 result=scrub_values(result, self.secrets_used)),
             ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
                               error="the tool's result cannot be stored", retryable=False),
         )
-        if not landed:
+        if not isinstance(stored, ev.ToolCallCompleted):
             raise ToolError(call_id, "UnstorableResult", "the tool's result cannot be stored")
-        return result
+        return stored.result
 
     async def _in_doubt(self, outcome: InDoubt) -> Any:
         """The crash fell between intent and outcome (window 2 of RELIABILITY.md W3)."""
@@ -209,7 +232,9 @@ class ToolCaller:
             await run.fail("uncertain_side_effect", None, diagnostic_extra={
                 "call_id": call_id, "tool": self.spec.name})
             raise Finished
-        payload = await wait_signal(run, f"{INTERNAL_PREFIX}reconcile:{call_id}", None)
+        signal_name = f"{INTERNAL_PREFIX}reconcile:{call_id}"
+        received = _received_signals(run, signal_name)
+        payload = received[0] if received else await wait_signal(run, signal_name, None)
         if isinstance(payload, dict) and "error" in payload:
             await run.append([ev.ToolCallFailed(
                 call_id=call_id, attempt=attempt, error=str(payload["error"])[:error_text_max],
@@ -229,8 +254,13 @@ class ToolCaller:
                                                    signal_name=signal_name)])
         elif approval.approved is True:
             return
+        # Approvals already received (a crash fell between receipt and decision) are
+        # decided again first, in order, before waiting for another one.
+        received = iter(_received_signals(run, signal_name))
         for _ in range(attempts_max):
-            payload = await wait_signal(run, signal_name, None)
+            payload = next(received, _none)
+            if payload is _none:
+                payload = await wait_signal(run, signal_name, None)
             decision = _approval_decision(payload)
             if decision is None or decision.args_hash != spec.args_hash:
                 log.warning("approval_rejected", task_id=run.task_id, call_id=call_id,
@@ -245,6 +275,17 @@ class ToolCaller:
                 "call_id": call_id, "tool": spec.name, "approver": decision.approver})
             raise Finished
         raise ToolError(call_id, "ApprovalLimit", "too many approvals that did not match")
+
+
+_none: Final = object()
+
+
+def _received_signals(run: TaskRun, name: str) -> list[Any]:
+    """Payloads of the internal signal ``name`` already received, in order (consumed from
+    the inbox: waiting again would never see them)."""
+    return [call.result for call in run.view.calls.values()
+            if call.kind is CallKind.SIGNAL and call.name == name
+            and call.status is CallStatus.COMPLETED]
 
 
 def _approval_decision(payload: Any) -> ev.ApprovalDecided | None:
@@ -269,6 +310,7 @@ class LlmCaller:
                  hashed: str, retry: RetryPolicy, timeout_s: float | None) -> None:
         self.run, self.model, self.function = run, model, function
         self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
+        self.secrets_used: tuple[str, ...] = ()
 
     async def drive(self, outcome: Outcome) -> Any:
         """Drive the LLM call to its recorded response."""
@@ -302,18 +344,22 @@ class LlmCaller:
         for _ in range(attempts_max):
             token = _current_call.set(_claim(run, key))
             try:
-                raw = await call_function(self.function, self.request, self.timeout_s)
+                self.secrets_used = secrets_in(run.redactor, self.request)
+                request, resolved = await resolve_secret_refs(self.request, run.engine.secrets)
+                self.secrets_used += resolved
+                raw = await call_function(self.function, request, self.timeout_s)
             except Exception as error:
                 retryable = should_retry(self.retry, attempt, error)
                 retry_at = (_now_ms() + round(1000 * backoff_delay_s(
                     self.retry, run.task_id, run.head_seq, attempt))) if retryable else None
+                text = _error_text(run, error, self.secrets_used)
                 await run.append([ev.LlmCallFailed(
-                    call_id=call_id, attempt=attempt, error=str(error)[:error_text_max],
+                    call_id=call_id, attempt=attempt, error=text,
                     error_type=type(error).__name__, retryable=retryable,
                     retry_at_ms=retry_at)])
                 metrics.call_failed("llm", retryable)
                 if retry_at is None:
-                    raise ToolError(call_id, type(error).__name__, str(error)) from error
+                    raise ToolError(call_id, type(error).__name__, text) from error
                 attempt += 1
                 await _wait_until(run, call_id, attempt, retry_at, self.retry)
                 await self._intend(call_id, key, attempt)
@@ -324,17 +370,19 @@ class LlmCaller:
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
 
     async def _record(self, call_id: str, attempt: int, response: LlmResponse) -> Any:
-        landed = await self.run.store_result_or_failure(
-            ev.LlmCallCompleted(call_id=call_id, response=response.content,
+        """Record the response; return its content as recorded (redacted)."""
+        stored = await self.run.store_result_or_failure(
+            ev.LlmCallCompleted(call_id=call_id,
+                                response=scrub_values(response.content, self.secrets_used),
                                 input_tokens=response.input_tokens,
                                 output_tokens=response.output_tokens,
                                 cost_usd=response.cost_usd),
             ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
                              error="the LLM response cannot be stored", retryable=False),
         )
-        if not landed:
+        if not isinstance(stored, ev.LlmCallCompleted):
             raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
-        return response.content
+        return stored.response
 
 
 def _as_response(raw: Any) -> LlmResponse:
@@ -368,7 +416,10 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
     pending: dict[str, Any] = {}
 
     async def record(connection: Any, result: Any) -> None:
-        event = ev.ToolCallCompleted(call_id=call_id, result=result)
+        # Appended outside TaskRun.append, so redacted here (the gateway already did: kept
+        # as a second line, it changes nothing then).
+        event = redact_event(ev.ToolCallCompleted(call_id=call_id, result=result),
+                             run.redactor)
         encoded = [ev.encode_event(event, payload_bytes_max=run.engine.store.payload_bytes_max)]
         pending["append"] = await run.engine.store.append_events(
             run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,

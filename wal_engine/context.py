@@ -152,11 +152,15 @@ class AgentContext:
         Raises:
             ToolError: the call failed for good.
         """
-        hashed = args_hash(args)
+        # The log records the redacted arguments, and replay matches on their hash; the
+        # function gets the arguments as given, with secret references resolved.
+        stored_args = self._run.redact(args)
+        hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        spec = _ToolSpec(name=name, function=function, args=args, args_hash=hashed,
+        spec = _ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
+                         args_hash=hashed,
                          idempotent=idempotent, retry=retry, timeout_s=timeout_s,
                          on_uncertain=on_uncertain, lookup=lookup)
         from wal_engine.calls import ToolCaller
@@ -176,7 +180,7 @@ class AgentContext:
         never pays for the same tokens twice. ``function(request)`` returns an
         :class:`LlmResponse` (or a dict with its fields, or a bare response).
         """
-        hashed = args_hash(request)
+        hashed = args_hash(self._run.redact(request))
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
@@ -237,6 +241,7 @@ class AgentContext:
     async def message(self, role: str, content: Any, *, name: str | None = None) -> None:
         """Add a message to the task's conversation history (once, even across re-runs)."""
         index = self._ordinal("message_appended") - 1
+        content = self._run.redact(content)  # As recorded, so that a re-run compares equal.
         recorded = self._run.view.messages
         if index < len(recorded):
             prior = recorded[index]
@@ -284,7 +289,7 @@ class AgentContext:
                           args: Any = None) -> Any:
         """Exactly once for effects on this database: ``await function(connection, args)``,
         its dedup row and the result event commit in one transaction."""
-        hashed = args_hash(args)
+        hashed = args_hash(self._run.redact(args))
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
@@ -317,6 +322,7 @@ class _ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     function: Any
     args: Any
+    stored_args: Any
     args_hash: str
     idempotent: bool
     retry: RetryPolicy
@@ -369,7 +375,9 @@ async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:
     payload = decode_payload(rows[0]["payload"])
     await run.append([ev.SignalReceived(name=name, payload=payload,
                                         signal_id=rows[0]["signal_id"])])
-    return True, payload
+    received = run.last_appended[-1]
+    assert isinstance(received, ev.SignalReceived)
+    return True, received.payload
 
 
 async def call_function(function: Callable[[Any], Any], argument: Any,

@@ -17,6 +17,13 @@ from wal_engine.group_commit import GroupCommitter
 from wal_engine.idempotency import IdempotencyGateway
 from wal_engine.ids import TaskId, new_task_id, validate_task_id
 from wal_engine.payloads import encode_payload
+from wal_engine.redaction import (
+    Redactor,
+    SecretResolver,
+    default_redactor,
+    no_redaction,
+    redact_text,
+)
 from wal_engine.resume import SnapshotPolicy
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
@@ -38,9 +45,10 @@ recovery_attempts_max_default: Final = 20
 ``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
 
 DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=200,
-                                                every_events=1000)
-"""Snapshot at a checkpoint at most every 200 events, and at least every 1,000: a resume
-folds a bounded tail, and snapshot storage stays a small multiple of the log's."""
+                                                every_events=1000, spacing_fraction=0.25)
+"""Snapshot at a checkpoint once at least 200 events and a quarter of the history followed
+the last snapshot (at least every 1,000 events early on): a resume folds a bounded share of
+the history, and the bytes written for snapshots stay a small multiple of the final state."""
 
 
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,13 +64,20 @@ class Engine:
 
     def __init__(self, database: Database, *, payload_bytes_max: int,
                  snapshot_policy: SnapshotPolicy | None = None,
-                 recovery_attempts_max: int = recovery_attempts_max_default) -> None:
+                 recovery_attempts_max: int = recovery_attempts_max_default,
+                 redactor: Redactor | None = default_redactor,
+                 secrets: SecretResolver | None = None) -> None:
         self.database = database
         self.recovery_attempts_max = recovery_attempts_max
         self.snapshot_policy = snapshot_policy or DEFAULT_SNAPSHOT_POLICY
-        self.store = Store(database, payload_bytes_max=payload_bytes_max)
+        self.redactor: Redactor = no_redaction if redactor is None else redactor
+        """Applied to every value from outside before it is hashed and written."""
+        self.secrets = secrets
+        """Resolves secret references (``redaction.secret_ref``) at call time."""
+        self.store = Store(database, payload_bytes_max=payload_bytes_max,
+                           redactor=self.redactor)
         self.committer = GroupCommitter(self.store)
-        self.gateway = IdempotencyGateway(database)
+        self.gateway = IdempotencyGateway(database, redactor=self.redactor)
         self.agents: dict[str, AgentDefinition] = {}
 
     # ------------------------------------------------------------------ agents
@@ -126,7 +141,7 @@ class Engine:
         validate_task_id(task_id)
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
-        encoded = encode_payload(payload)
+        encoded = encode_payload(self.redactor(payload))
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
@@ -159,6 +174,7 @@ class Engine:
         Returns False if the task had already finished.
         """
         validate_task_id(task_id)
+        reason = redact_text(self.redactor, reason)
         row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])
 
@@ -237,16 +253,29 @@ async def connect(
     migrate: bool = True,
     require_synchronous_commit: bool = True,
     snapshot_policy: SnapshotPolicy | None = None,
+    redactor: Redactor | None = default_redactor,
+    secrets: SecretResolver | None = None,
+    development: bool | None = None,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
     The schema is applied on first connect (``migrate=False`` only checks its version).
+
+    Args:
+        redactor: Applied to every input, intent, result, message and signal before it is
+            hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
+        secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
+            and LLM requests just before each attempt; the values are never stored.
+        development: Whether a refusal of the start-up security self-test
+            (:mod:`wal_engine.security`: superuser, BYPASSRLS, owner of the log) is only
+            logged. None decides from the setup: the embedded server and
+            ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
     """
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
-        require_synchronous_commit=require_synchronous_commit,
+        require_synchronous_commit=require_synchronous_commit, development=development,
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
-                  snapshot_policy=snapshot_policy)
+                  snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets)
 
 

@@ -31,6 +31,7 @@ effect, the dedup row and (through ``on_commit_events``) the result event commit
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -38,8 +39,9 @@ import asyncpg
 import msgspec
 
 from wal_engine import metrics, payloads
-from wal_engine.errors import WalError
-from wal_engine.store.connection import Database
+from wal_engine.errors import DatabaseUnavailable, WalError
+from wal_engine.redaction import Redactor, no_redaction, redact_text
+from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
 
 T = TypeVar("T")
 
@@ -114,9 +116,13 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
 class IdempotencyGateway:
     """At-most-once execution per key on ``wal_idempotency``."""
 
-    def __init__(self, database: Database, *, claim_ttl_ms: int = claim_ttl_ms_default) -> None:
+    def __init__(self, database: Database, *, claim_ttl_ms: int = claim_ttl_ms_default,
+                 redactor: Redactor = no_redaction) -> None:
         self.database = database
         self.claim_ttl_ms = claim_ttl_ms
+        self.redactor = redactor
+        """Applied to results and errors before they are stored; every caller, the first
+        included, gets the stored (redacted) result."""
 
     async def run_once(self, claim: Claim, effect: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``effect`` unless ``claim.key`` already acted; return the (first) result.
@@ -145,6 +151,7 @@ class IdempotencyGateway:
         except BaseException:
             await self.database.fetch(RELEASE_KEY, claim.key, claim.owner, claim.epoch)
             raise
+        result = self.redactor(result)
         encoded = payloads.encode_payload(result)
         done = await self.database.fetch(
             COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed", encoded, None
@@ -172,6 +179,7 @@ class IdempotencyGateway:
 
     async def fail(self, claim: Claim, error: str) -> None:
         """Record a permanent failure as the key's answer (later callers get EffectFailed)."""
+        error = redact_text(self.redactor, error)
         await self.database.fetch(
             COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "failed", None, error
         )
@@ -195,7 +203,7 @@ class IdempotencyGateway:
 
         Returns the effect's result, or the stored result if the key already completed.
         """
-        for _ in range(3):
+        for attempt in range(1, 4):
             try:
                 return await self._transaction_once(claim, effect, on_commit)
             except asyncpg.exceptions.UniqueViolationError:
@@ -203,6 +211,15 @@ class IdempotencyGateway:
                 settled = await self._settled(claim)
                 if settled is not _pending:
                     return settled
+            except asyncpg.PostgresError as error:
+                # Deadlock, lock or statement timeout: the transaction rolled back whole
+                # (effect included), so it may run again; never the caller's failure.
+                if error.sqlstate not in TRANSIENT_SQLSTATES:
+                    raise
+                if attempt == 3:
+                    raise DatabaseUnavailable(self.database.dsn_redacted,
+                                              f"SQLSTATE {error.sqlstate}: {error}") from error
+                await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
         raise TimeoutError(f"key {claim.key!r} is held by another transaction")
 
     async def _transaction_once(
@@ -220,7 +237,7 @@ class IdempotencyGateway:
                 return payloads.decode_payload(existing["result"])
             await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,
                                      claim.owner, claim.epoch)
-            result = await effect(connection)
+            result = self.redactor(await effect(connection))
             await connection.execute(
                 COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed",
                 payloads.encode_payload(result), None,

@@ -167,20 +167,31 @@ class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
             status (None: never for this reason). Bounds the tail a resume folds.
         min_events: Never snapshot fewer than this many events after the last one; spaces
             out "every checkpoint" for agents with tiny steps.
+        spacing_fraction: Never snapshot fewer than this fraction of the last snapshot's
+            seq after it. A snapshot holds the whole state, which grows with the history, so
+            evenly spaced snapshots write O(n^2) bytes over a task's life; geometric spacing
+            writes a small multiple of the final state, while the tail a resume folds stays
+            within this fraction of the history (measured by benchmarks.suite).
         keep_latest: Snapshots kept per task (at least 1).
     """
 
     on_checkpoint: bool = True
     every_events: int | None = 1000
     min_events: int = 1
+    spacing_fraction: float = 0.0
     keep_latest: int = snapshots_kept_default
+
+    def spacing(self, last_snapshot_seq: int) -> int:
+        """The fewest events that must follow the last snapshot before the next one."""
+        return max(1, self.min_events, int(self.spacing_fraction * last_snapshot_seq))
 
     def due(self, state: AgentState, last_snapshot_seq: int) -> bool:
         """Whether ``state`` should be snapshotted, the latest snapshot being at that seq."""
         since = state.last_seq - last_snapshot_seq
-        if since < max(1, self.min_events):
+        if since < self.spacing(last_snapshot_seq):
             return False
-        if self.every_events is not None and since >= self.every_events:
+        if self.every_events is not None and since >= max(self.every_events,
+                                                          self.spacing(last_snapshot_seq)):
             return True
         return self.on_checkpoint and state.status is Status.CHECKPOINTED
 

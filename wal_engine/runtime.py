@@ -37,9 +37,11 @@ from wal_engine.errors import (
     LeaseLost,
     UnknownTask,
 )
+from wal_engine.redaction import Redactor, default_redactor, redact_event, redact_text
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import PendingAppend
 from wal_engine.store.connection import CONNECTION_ERRORS
+from wal_engine.store.store import check_history_bound
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
@@ -101,6 +103,11 @@ class TaskRun:
         self.journal: Journal | None = None
         self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=worker.worker_id)
         self._state_cache: AgentState | None = None
+        # The replay checker runs agent code on a stand-in engine without one: it then
+        # hashes call arguments with the default redactor, as a default worker does.
+        self.redactor: Redactor = vars(engine).get("redactor", default_redactor)
+        self.last_appended: list[ev.Event] = []
+        """The events of the last append as recorded (redacted)."""
         self.last_snapshot_seq = 0
 
     # ------------------------------------------------------------------ control
@@ -175,7 +182,7 @@ class TaskRun:
         except Fenced:
             self.log.warning("task_run_fenced", reason=self.fenced_reason)
         except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
-            self.log.warning("task_run_interrupted", error=repr(error))
+            self.log.warning("task_run_interrupted", error=self.redact_text(repr(error)))
         except asyncio.CancelledError:
             # A graceful stop ran out of time while the agent was inside a call: hand the
             # task back now rather than leave it to lease expiry. The call in flight stays
@@ -208,7 +215,7 @@ class TaskRun:
         except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
             raise
         except Exception as error:
-            self.log.error("agent_failed", error=repr(error))
+            self.log.error("agent_failed", error=self.redact_text(repr(error)))
             await self.fail("agent_error", error)
             return
         await self.append([ev.TaskCompleted(output=output)])
@@ -221,14 +228,26 @@ class TaskRun:
         if self.fenced_reason is not None:
             raise Fenced
 
+    def redact(self, value: Any) -> Any:
+        """``value`` as the log will record it (the engine's redactor)."""
+        return self.redactor(value)
+
+    def redact_text(self, text: str) -> str:
+        """Free text (an error message) as the log and the logs may show it."""
+        return redact_text(self.redactor, text)
+
     async def append(self, events: Sequence[ev.Event]) -> None:
-        """Write ahead: validate, fold, then append in one fenced commit (group-committed).
+        """Write ahead: redact, validate, fold, then append in one fenced commit
+        (group-committed). ``self.last_appended`` is then the events as recorded
+        (redacted, a step_started first when one was needed).
 
         Raises :class:`Fenced` if another worker owns the task; InvalidPayload if an event
         cannot be stored (nothing is written, the state is unchanged).
         """
         self.check_live()
-        events = self._with_step_started(events)
+        events = [redact_event(e, self.redactor) for e in self._with_step_started(events)]
+        check_history_bound(self.task_id, self.head_seq, events,
+                            self.engine.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.engine.store.payload_bytes_max)
                    for e in events]
         assert self.builder is not None
@@ -247,6 +266,7 @@ class TaskRun:
         structlog.contextvars.bind_contextvars(seq=result.head_seq)
         if result.status is not None and result.status not in LEASED:
             self.leased = False
+        self.last_appended = events
 
     def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
         """Open the next step first when the task rests CHECKPOINTED and an observation
@@ -259,20 +279,22 @@ class TaskRun:
         assert self.builder is not None
         return [ev.StepStarted(step=self.builder.view.step + 1), *events]
 
-    async def store_result_or_failure(self, success: ev.Event, failure: ev.Event) -> bool:
+    async def store_result_or_failure(self, success: ev.Event,
+                                      failure: ev.Event) -> ev.Event | None:
         """Append ``success``; if its payload cannot be stored, append ``failure`` instead.
 
         The effect already happened, so something must be recorded: an unstorable result
         (NaN, NUL, too deep, too large) becomes a typed, storable failure, never a loop that
-        re-runs the effect (RELIABILITY.md finding 7). Returns whether ``success`` landed.
+        re-runs the effect (RELIABILITY.md finding 7). Returns ``success`` as recorded
+        (redacted: what agent code gets, live and on replay alike), or None if it did not land.
         """
         try:
             await self.append([success])
-            return True
+            return self.last_appended[-1]
         except InvalidPayload as error:
             self.log.warning("unstorable_result", reason=str(error))
             await self.append([failure])
-            return False
+            return None
 
     # ------------------------------------------------------------------ endings
 
@@ -313,7 +335,9 @@ class TaskRun:
                    diagnostic_extra: dict[str, Any] | None = None) -> None:
         """Record task_failed with the diagnostic report for the human it escalates to."""
         diagnostic = await self._diagnostic(error, diagnostic_extra or {})
-        text = None if error is None else f"{type(error).__name__}: {error}"[:error_text_max]
+        # Redacted before it is cut short: a credential cut in half no longer matches.
+        text = None if error is None else self.redact_text(
+            f"{type(error).__name__}: {error}")[:error_text_max]
         await self.append([ev.TaskFailed(reason=reason, error=text, diagnostic=diagnostic)])
         self.log.error("task_failed", reason=reason, error=text)
 
@@ -365,7 +389,7 @@ class TaskRun:
         from wal_engine.resume import save_snapshot_if_due
 
         policy = self.engine.snapshot_policy
-        if self.head_seq - self.last_snapshot_seq < max(1, policy.min_events):
+        if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):
             return  # Cheap test first: the policy itself needs a copy of the state.
         if await save_snapshot_if_due(self.engine.database, self.state, policy,
                                       self.last_snapshot_seq):

@@ -33,6 +33,7 @@ import msgspec
 import structlog
 
 from wal_engine import failpoints, metrics
+from wal_engine.errors import DatabaseUnavailable
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
@@ -205,7 +206,7 @@ class Worker:
         """Run one statement of a loop; a database outage is waited out, not fatal."""
         try:
             return await work
-        except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError, DatabaseUnavailable) as error:
             self.log.warning("worker_statement_failed", error=repr(error))
             await asyncio.sleep(min(reconnect_delay_max_s, self.config.poll_ms / 1000))
             return 0
@@ -250,9 +251,21 @@ class Worker:
 
     async def _listen_loop(self) -> None:
         async def listen(connection: asyncpg.Connection) -> None:
+            closed = asyncio.Event()
+            connection.add_termination_listener(lambda *_: closed.set())
             await connection.add_listener(WAKE_CHANNEL, self._on_notify)
             self._wake.set()  # Catch up on anything that became due while not listening.
-            await self._stopped.wait()
+            # Wait for the stop, or for the session to die (terminated, server restarted):
+            # an idle LISTEN session sends nothing, so nothing else would notice.
+            waits = [asyncio.ensure_future(self._stopped.wait()),
+                     asyncio.ensure_future(closed.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if closed.is_set() and not self._stopped.is_set():
+                raise ConnectionError("the LISTEN session was closed")
 
         await self._with_connection("listen", None, listen)
 
@@ -288,6 +301,12 @@ class Worker:
                     await asyncio.sleep(wait_s if isinstance(wait_s, float) else interval_s or 1.0)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
                 self.log.warning("worker_connection_lost", role=role, error=repr(error))
+            except Exception as error:
+                # The loop must outlive any error (asyncpg's InternalClientError on a session
+                # terminated mid-statement, for one): a dead heartbeat or sweep loop leaves
+                # leases unrenewed or expired leases unbroken for good.
+                self.log.error("worker_loop_failed", role=role, error=repr(error))
+                await asyncio.sleep(delay_s)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 2)

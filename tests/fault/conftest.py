@@ -130,3 +130,39 @@ async def harness(database_dsn: str, fault_log_dir: Path) -> AsyncIterator[Fault
     finally:
         fault.close()
         await engine.close()
+
+
+# ----------------------------------------------------------------------------- additions
+# (the reliability suite: deep tier switch and the figures summary)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``deep`` run only with RELIABILITY_DEEP=1 (RELIABILITY.md budget)."""
+    if item.get_closest_marker("deep") is not None and os.environ.get("RELIABILITY_DEEP") != "1":
+        pytest.skip("deep reliability test: set RELIABILITY_DEEP=1 to run it")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print every fault test's figures line, so matrix coverage can be read off."""
+    from tests.fault.support import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("reliability figures (RELIABILITY.md matrix ids)")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="module")
+def crashable() -> Iterator[tuple[Any, Any]]:
+    """A PostgreSQL server of the test module's own, which its tests stop, crash and
+    restart (never the session's server: a test stops only what it started)."""
+    from wal_engine.testing.plugin import run_sync
+    from wal_engine.testing.postgres import DatabaseFactory, start_embedded_server
+
+    server = start_embedded_server(fsync=False)
+    factory = DatabaseFactory(server)
+    run_sync(factory.prepare())
+    try:
+        yield server, factory
+    finally:
+        server.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import random
 import urllib.parse
 from importlib import resources
 from pathlib import Path
@@ -13,7 +15,13 @@ import asyncpg
 import structlog
 
 from wal_engine import limits
-from wal_engine.errors import ConfigurationError, DatabaseUnavailable, SchemaMismatch
+from wal_engine.errors import (
+    ConfigurationError,
+    CorruptionError,
+    DatabaseUnavailable,
+    SchemaMismatch,
+)
+from wal_engine.security import enforce_runtime_role
 from wal_engine.store import queries, sqlstate
 
 log = structlog.get_logger(__name__)
@@ -31,11 +39,30 @@ CONNECTION_ERRORS: Final = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.InterfaceError,
+    # Raised on a pooled session the server terminated while asyncpg still thought a
+    # statement was in progress ("cannot switch to state ...; another operation is in
+    # progress", seen under pg_terminate_backend): the session is broken like the others.
+    asyncpg.exceptions.InternalClientError,
     ConnectionError,
     OSError,
     TimeoutError,
 )
 """Errors after which the outcome of a statement in flight is unknown."""
+
+TRANSIENT_SQLSTATES: Final = frozenset({
+    "57014",  # query_canceled: statement_timeout
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available: lock_timeout
+    "53000", "53100", "53200", "53300",  # insufficient resources: disk, memory, connections
+})
+"""Errors after which the statement was rolled back whole (nothing of it committed): a
+statement of its own may run again; after the last attempt (or inside a caller's
+transaction) it surfaces as :class:`DatabaseUnavailable`, which a task run treats as an
+interruption, never as the agent's failure (RELIABILITY.md D5, D6, D8)."""
+
+statement_attempts_max: Final = 3
+statement_retry_delay_s: Final = 0.05
 
 
 def redact_dsn(dsn: str) -> str:
@@ -175,11 +202,21 @@ class Database:
         migrate: bool = True,
         application_name: str = "wal-engine:pool",
         require_synchronous_commit: bool = True,
+        development: bool | None = None,
     ) -> Database:
-        """Resolve the DSN, open a pool, apply or check the schema, check durability."""
+        """Resolve the DSN, open a pool, run the security self-test, apply or check the
+        schema, check durability.
+
+        The self-test (:mod:`wal_engine.security`) refuses a superuser, a BYPASSRLS role or
+        an owner of the log unless ``development`` is true; None decides from the setup
+        (the embedded server and ``WAL_ENGINE_DEVELOPMENT=1`` are development setups).
+        """
+        embedded_dsn = not dsn and not os.environ.get(DSN_ENV)
         resolved = await resolve_dsn(dsn)
         first = await _connect_once(resolved)
         try:
+            await enforce_runtime_role(first, development=development, embedded_dsn=embedded_dsn,
+                                       require_synchronous_commit=False)
             await _prepare_database(first, migrate, require_synchronous_commit)
         finally:
             await first.close()
@@ -211,22 +248,37 @@ class Database:
         commit after the pooled connection broke); ``connection`` runs it on the caller's
         connection, inside the caller's transaction.
         """
-        try:
-            if connection is not None:
-                return list(await connection.fetch(query, *args))
-            if fresh:
-                own = await _connect_once(self.dsn)
-                try:
-                    return list(await own.fetch(query, *args))
-                finally:
-                    await own.close()
-            async with self.pool.acquire() as pooled:
-                return list(await pooled.fetch(query, *args))
-        except asyncpg.PostgresError as error:
-            translated = sqlstate.translate(error, task_id)
-            if translated is None:
-                raise
-            raise translated from error
+        for attempt in range(1, statement_attempts_max + 1):
+            try:
+                if connection is not None:
+                    return list(await connection.fetch(query, *args))
+                if fresh:
+                    own = await _connect_once(self.dsn)
+                    try:
+                        return list(await own.fetch(query, *args))
+                    finally:
+                        await own.close()
+                async with self.pool.acquire() as pooled:
+                    return list(await pooled.fetch(query, *args))
+            except OverflowError as error:
+                # A stored value this client cannot represent (a timestamp in the year
+                # 20000, -infinity) planted outside the engine: a typed error, not a crash
+                # of the reader (RELIABILITY.md B8).
+                raise CorruptionError(f"a stored value is out of range: {error}") from error
+            except asyncpg.PostgresError as error:
+                if error.sqlstate not in TRANSIENT_SQLSTATES:
+                    translated = sqlstate.translate(error, task_id)
+                    if translated is None:
+                        raise
+                    raise translated from error
+                # Rolled back whole: outside a caller's transaction it may simply run again.
+                if connection is not None or attempt == statement_attempts_max:
+                    raise DatabaseUnavailable(
+                        self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempt}): "
+                                           f"{error}") from error
+                log.info("statement_retried", sqlstate=error.sqlstate, attempt=attempt)
+                await asyncio.sleep(random.uniform(0, statement_retry_delay_s * 2**attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def fetchrow(self, query: str, *args: Any, task_id: str | None = None) -> Any:
         """Like :meth:`fetch` for at most one row."""

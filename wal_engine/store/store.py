@@ -26,12 +26,16 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.ids import validate_task_id
+from wal_engine.redaction import Redactor, no_redaction
 from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
 
 log = structlog.get_logger(__name__)
+
+seq_max: Final = 2**63 - 1
+"""The largest seq PostgreSQL's bigint holds."""
 
 ambiguous_resolve_s: Final = 30.0
 
@@ -106,12 +110,32 @@ def encode_batch(
     return batch
 
 
+def check_history_bound(task_id: str, expected_seq: int, events: Sequence[vocabulary.Event],
+                        events_max: int) -> None:
+    """Refuse a batch that would take a task past ``events_max`` events (InvalidInput).
+
+    A batch that ends the task is always accepted, so that a task at its bound can still
+    fail with the reason instead of staying open forever.
+    """
+    if expected_seq + len(events) <= events_max or not events:
+        return
+    if type(events[-1]).TARGET_STATUS in (Status.COMPLETED, Status.FAILED):
+        return
+    raise InvalidInput(f"task {task_id!r} would hold more than {events_max} events")
+
+
 class Store:
     """Reads and writes the log. Every method is one round trip unless it says otherwise."""
 
-    def __init__(self, database: Database, *, payload_bytes_max: int = limits.payload_bytes_max):
+    def __init__(self, database: Database, *, payload_bytes_max: int = limits.payload_bytes_max,
+                 redactor: Redactor = no_redaction,
+                 events_per_task_max: int = limits.history_events_max):
         self.database = database
         self.payload_bytes_max = payload_bytes_max
+        self.redactor = redactor
+        """Applied to a task's input before it is written (the engine passes its own)."""
+        self.events_per_task_max = events_per_task_max
+        """Appends past this many events of one task are refused, except the ending."""
 
     # ------------------------------------------------------------------ tasks
 
@@ -136,7 +160,7 @@ class Store:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
         submitted = vocabulary.TaskSubmitted(
             agent=agent,
-            input=input,
+            input=self.redactor(input),
             budget=budget or vocabulary.Budget(),
             parent_task_id=parent_task_id,
             parent_seq=parent_seq,
@@ -197,6 +221,7 @@ class Store:
         status: Status | None = None,
         connection: asyncpg.Connection | None = None,
         encoded: Sequence[tuple[str, int, bytes]] | None = None,
+        via: asyncpg.Connection | None = None,
     ) -> AppendResult:
         """Append a batch of one task's events in one statement and one commit.
 
@@ -206,8 +231,10 @@ class Store:
         and nothing is written. When ``status`` (the caller's view of the current status) is
         given, status moves are checked before anything is sent. With ``connection`` the
         append joins the caller's transaction (exactly-once effects on this database); its
-        commit outcome is then the caller's to resolve.
+        commit outcome is then the caller's to resolve. ``via`` sends it on a connection the
+        caller holds (not in a transaction), with the usual resolution of an unknown outcome.
         """
+        check_history_bound(task_id, expected_seq, events, self.events_per_task_max)
         batch = encode_batch(
             task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
             payload_bytes_max=self.payload_bytes_max, encoded=encoded,
@@ -223,7 +250,7 @@ class Store:
             return _accepted(task_id, expected_seq, len(events), batch)
         started = metrics.clock()
         try:
-            rows = await self.database.fetch(statement, *args, task_id=task_id)
+            rows = await self.database.fetch(statement, *args, task_id=task_id, connection=via)
         except CONNECTION_ERRORS as error:
             rows = await self._resolve_ambiguous(task_id, expected_seq, batch, error)
         except asyncpg.UniqueViolationError:
@@ -234,7 +261,7 @@ class Store:
         return _accepted(task_id, expected_seq, len(events), batch)
 
     async def append_many(
-        self, appends: Sequence[PendingAppend]
+        self, appends: Sequence[PendingAppend], *, via: asyncpg.Connection | None = None
     ) -> dict[str, AppendResult | WalError]:
         """Group commit: many tasks' batches in one statement and one commit.
 
@@ -255,7 +282,8 @@ class Store:
         ]
         started = metrics.clock()
         try:
-            rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches))
+            rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches),
+                                             connection=via)
         except asyncpg.UniqueViolationError:
             # A racing writer took a seq of one of the tasks: the shared statement is void;
             # append task by task so that only that task is refused.
@@ -289,6 +317,25 @@ class Store:
             except WalError as error:
                 results[append.task_id] = error
         return results
+
+    async def resolve_append(self, append: PendingAppend,
+                             error: BaseException) -> AppendResult:
+        """The outcome of ``append`` after the connection of a shared (group) commit failed:
+        its events read back by hash (RELIABILITY.md R4), never sent again blindly.
+
+        Committed: its result. Other events at its seqs: the rejection (LeaseLost,
+        ConcurrencyConflict). Nothing there: :class:`DatabaseUnavailable`, as for a single
+        append whose answer was lost.
+        """
+        batch = encode_batch(
+            append.task_id, append.events, epoch=append.epoch,
+            expected_seq=append.expected_seq, prev_hash=append.prev_hash,
+            payload_bytes_max=self.payload_bytes_max, encoded=append.encoded,
+        )
+        rows = await self._resolve_ambiguous(append.task_id, append.expected_seq, batch, error)
+        if len(rows) != len(append.events):
+            raise await self._rejection(append.task_id, append.epoch, append.expected_seq)
+        return _accepted(append.task_id, append.expected_seq, len(append.events), batch)
 
     async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
         """Classify a refused append (a second round trip, on the failure path only).
@@ -352,8 +399,11 @@ class Store:
         limit: int = limits.read_page_events,
     ) -> list[EventRecord]:
         """Up to ``limit`` events with ``from_seq <= seq <= to_seq``, in seq order."""
+        # Bounds beyond bigint (a caller's fork point of 2**70, say) mean "to the end", not
+        # a client-side encoding error.
         rows = await self.database.fetch(
-            queries.READ_EVENTS, task_id, max(1, from_seq), to_seq, limit, task_id=task_id
+            queries.READ_EVENTS, task_id, min(max(1, from_seq), seq_max),
+            min(to_seq, seq_max), limit, task_id=task_id
         )
         return [record_from_row(row) for row in rows]
 

@@ -1,9 +1,72 @@
-"""Public helpers to test agents built on wal-engine against a real PostgreSQL.
+"""Crash-test your agents: PostgreSQL fixtures, crash injection, a Hypothesis state machine.
 
-``wal_engine.testing.postgres`` starts (or borrows) a server and hands out a fresh database
-per test, created from a template that already holds the schema.
+What is here (see ``docs/testing.md`` for a walk-through):
+
+* :mod:`wal_engine.testing.plugin`: the pytest plugin (fixtures ``wal_pg_server``,
+  ``wal_database_dsn``, ``wal_test_engine``, ``wal_effect_ledger``, ``wal_crash_machine``,
+  ``wal_worker_pool``, ``wal_fault_seed``).
+* :mod:`wal_engine.testing.postgres`: a server (``WAL_ENGINE_TEST_DSN`` or embedded) and a
+  factory of fresh databases.
+* :mod:`wal_engine.testing.ledger`: fake services per tool class that count how often each
+  idempotency key really acted.
+* :mod:`wal_engine.testing.crash`: in-process crashes at named points, lease expiry, timers,
+  signals, driving tasks to their end, the crash-free run.
+* :mod:`wal_engine.testing.processes`: worker subprocesses killed with SIGKILL at a point.
+* :mod:`wal_engine.testing.machine`: the Hypothesis ``RuleBasedStateMachine``.
+* :mod:`wal_engine.testing.replay`: replay recorded histories against today's code (the
+  check of :mod:`wal_engine.replay_check`, the CLI's ``replay``) and history files.
+* :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
+* :mod:`wal_engine.testing.proxy`: a TCP proxy for network faults.
+
+Names are loaded lazily, so importing this package pulls in neither Hypothesis nor pytest.
 """
 
-from wal_engine.testing.postgres import DatabaseFactory, TestServer, start_test_server
+from __future__ import annotations
 
-__all__ = ["DatabaseFactory", "TestServer", "start_test_server"]
+import importlib
+from typing import Any
+
+_lazy = {
+    "DatabaseFactory": "wal_engine.testing.postgres",
+    "TestServer": "wal_engine.testing.postgres",
+    "start_test_server": "wal_engine.testing.postgres",
+    "EffectLedger": "wal_engine.testing.ledger",
+    "StaleDelivery": "wal_engine.testing.ledger",
+    "check_effects": "wal_engine.testing.ledger",
+    "crash_at": "wal_engine.testing.crash",
+    "drive_to_quiescence": "wal_engine.testing.crash",
+    "expire_leases": "wal_engine.testing.crash",
+    "advance_timers": "wal_engine.testing.crash",
+    "deliver_signals": "wal_engine.testing.crash",
+    "run_crash_free": "wal_engine.testing.crash",
+    "run_worker_until_idle": "wal_engine.testing.crash",
+    "outcome": "wal_engine.testing.crash",
+    "WorkerProcess": "wal_engine.testing.processes",
+    "WorkerPool": "wal_engine.testing.processes",
+    "AgentUnderTest": "wal_engine.testing.machine",
+    "Submission": "wal_engine.testing.machine",
+    "MachineStats": "wal_engine.testing.machine",
+    "crash_machine": "wal_engine.testing.machine",
+    "run_crash_machine": "wal_engine.testing.machine",
+    "check_history": "wal_engine.replay_check",
+    "replay_events": "wal_engine.replay_check",
+    "ReplayMismatch": "wal_engine.testing.replay",
+    "assert_replays": "wal_engine.testing.replay",
+    "assert_replay_equivalent": "wal_engine.testing.replay",
+    "load_history": "wal_engine.testing.replay",
+    "dump_history": "wal_engine.testing.replay",
+    "check_log": "wal_engine.testing.invariants",
+    "assert_no_violations": "wal_engine.testing.invariants",
+    "AckRecorder": "wal_engine.testing.invariants",
+    "FaultProxy": "wal_engine.testing.proxy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _lazy.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'wal_engine.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module_name), name)
+
+
+__all__ = sorted(_lazy)

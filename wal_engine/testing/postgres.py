@@ -107,3 +107,16 @@ class DatabaseFactory:
         """Drop every database this factory made, and the template."""
         await asyncio.gather(*(self.drop(self.server.dsn(n)) for n in self._created))
         await self.drop(self.server.dsn(self.template))
+
+
+def start_embedded_server(*, fsync: bool = False) -> TestServer:
+    """Always start a new embedded server in a temporary directory (even when
+    ``WAL_ENGINE_TEST_DSN`` is set): a server a test may stop, crash and restart.
+
+    The directory is made with :func:`tempfile.mkdtemp` (a path the unprivileged server
+    user can traverse when the tests run as root); :meth:`TestServer.close` removes it.
+    """
+    root = Path(tempfile.mkdtemp(prefix="wal-engine-crashable-"))
+    data_dir = root / "pgdata"
+    server = EmbeddedPostgres(data_dir, fsync=fsync)
+    return TestServer(server.ensure_running(), server, data_dir)

@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: the whole suite (see :mod:`benchmarks.suite`)."""
+
+from benchmarks.suite import entry
+
+entry()

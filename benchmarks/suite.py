@@ -1,0 +1,436 @@
+"""The whole benchmark suite, side by side: the physical limit, wal-engine, LangGraph, DBOS.
+
+``python -m benchmarks [--quick] [--dsn DSN]`` runs one logical agent workload (a task of N
+steps, each adding a ~500-byte message and a ~1 KB tool result; see
+:mod:`benchmarks.peers_workload`) through every contender, against one PostgreSQL:
+
+1. **raw asyncpg**, the reference: two one-row INSERT commits per step, equally sized rows
+   (:mod:`benchmarks.peers_raw`);
+2. **wal-engine**: a tool step through the runtime (intent and result, two fenced,
+   hash-chained appends), concurrent tasks group-committed (:mod:`benchmarks.peers_wal`);
+3. **LangGraph** ``AsyncPostgresSaver`` under a compiled one-node StateGraph
+   (:mod:`benchmarks.peers_langgraph`), if installed;
+4. **DBOS Transact**, one ``@DBOS.step`` per step in a workflow
+   (:mod:`benchmarks.peers_dbos`), if installed.
+
+Workloads, each running its contenders interleaved in rounds (A B C D, B C D A, ...):
+
+* ``step``: one step of one task at a time (latency p50/p99, steps/s);
+* ``step64``: one step of each of 64 tasks at once (steps/s; events/s counts steps);
+* ``resume@N`` for two history sizes (1,000 and 10,000 steps; ``--quick``: 100 and 1,000):
+  the floor (reading and decoding one row holding the task's state; the reference), then
+  wal-engine ``resume`` on a fresh connection, LangGraph ``aget_tuple`` on a fresh saver,
+  DBOS recovery in a fresh process.
+
+Between the two, every contender builds its N-step task in a child process (one at a
+time), which reports the growth of the contender's tables (``pg_total_relation_size``:
+heap, indexes, TOAST) per step, on average and over the last tenth of the steps, its
+steps/s, and its peak RSS.
+
+Without ``--dsn`` the suite uses its own databases on the server of ``WAL_ENGINE_DSN`` or on
+the embedded server: ``wal_bench_suite`` (recreated each run) and ``wal_bench_suite_dbos_sys``
+(DBOS's system database), recreated at the start of a run and dropped at its end (a full
+run leaves about a gigabyte; ``--keep`` keeps them for inspection). With ``--dsn`` the
+database is used as given and DBOS gets ``<database>_dbos_sys`` beside it (recreated each
+run, dropped at the end unless ``--keep``).
+
+Results: a Markdown report on stdout (machine, the interleaved table, a summary per
+contender, the targets) and ``benchmarks/results/latest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import asyncpg
+
+from benchmarks import harness, peers_report
+from benchmarks.peers_workload import (
+    CONCURRENT_TASKS,
+    RemotePeer,
+    remote_contender,
+    run_child,
+)
+from wal_engine import limits
+from wal_engine.store.connection import DSN_ENV, redact_dsn, resolve_dsn, with_database
+
+NAME: Final = "latest"
+SUITE_DATABASE: Final = "wal_bench_suite"
+DBOS_DATABASE_SUFFIX: Final = "_dbos_sys"
+SIZES: Final = (1_000, 10_000)
+QUICK_SIZES: Final = (100, 1_000)
+QUICK_LANGGRAPH_REAL_STEPS_MAX: Final = 200
+"""In --quick, LangGraph writes histories longer than this partly as one state update
+(its per-step cost grows with the history: 1,000 real steps take half a minute)."""
+RESUME_OPS: Final = 2
+RESUME_ROUNDS_MIN: Final = 2
+WINDOW_FRACTION: Final = 10
+"""Bytes per step over the last 1/10 of a history show whether the cost grows."""
+LANGGRAPH_BULK_WINDOW: Final = 10
+LIVE_WARMUP_OPS: Final = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeerSpec:
+    """A contender of the suite: its module suffix, display name and required modules."""
+
+    key: str
+    name: str
+    modules: tuple[str, ...]
+    optional: bool
+
+
+PEERS: Final = (
+    PeerSpec("raw", "raw asyncpg", ("asyncpg",), optional=False),
+    PeerSpec("wal", "wal-engine", ("wal_engine",), optional=False),
+    PeerSpec("langgraph", "LangGraph AsyncPostgresSaver",
+             ("langgraph.checkpoint.postgres.aio", "langgraph.graph", "psycopg_pool"),
+             optional=True),
+    PeerSpec("dbos", "DBOS Transact", ("dbos",), optional=True),
+)
+PEER_PACKAGES: Final = {
+    "langgraph": ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres",
+                  "langchain-core", "psycopg", "psycopg-pool"),
+    "dbos": ("dbos", "sqlalchemy", "psycopg"),
+}
+
+
+def missing_module(spec: PeerSpec) -> str | None:
+    """The first module of ``spec`` that cannot be imported, or None."""
+    for module in spec.modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except ModuleNotFoundError:
+            return module
+    return None
+
+
+@dataclasses.dataclass(slots=True)
+class Run:
+    """What one run of the suite knows: settings, databases, peers, and what it measured."""
+
+    settings: harness.RunSettings
+    sizes: tuple[int, ...]
+    dsn: str
+    dbos_url: str
+    run_id: str
+    peers: list[PeerSpec]
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    results: list[harness.WorkloadResult] = dataclasses.field(default_factory=list)
+    builds: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    recoveries: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    live: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def active(self, key: str) -> bool:
+        """Whether the peer ``key`` takes part (installed, selected, not failed)."""
+        return any(peer.key == key for peer in self.peers) and key not in self.skipped
+
+    def skip(self, key: str, reason: str) -> None:
+        """Drop the peer ``key`` from the rest of the run, saying why."""
+        name = next(peer.name for peer in PEERS if peer.key == key)
+        self.skipped[key] = reason
+        print(f"skipping {name}: {reason}", file=sys.stderr, flush=True)
+
+    def task_id(self, key: str, steps: int) -> str:
+        """The id of the ``steps``-step history task of peer ``key`` in this run."""
+        return f"suite-{key}-{steps}-{self.run_id}"
+
+
+# ----------------------------------------------------------------------------- databases
+
+
+async def prepare_databases(dsn: str | None) -> tuple[str, str]:
+    """The suite's DSN and DBOS's system database URL, both databases ready."""
+    if dsn:
+        suite_dsn = dsn
+    else:
+        server = os.environ.get(DSN_ENV) or await resolve_dsn()
+        suite_dsn = with_database(server, SUITE_DATABASE)
+        await recreate_database(server, SUITE_DATABASE)
+    name = urllib.parse.urlsplit(suite_dsn).path.lstrip("/") or "postgres"
+    dbos_database = f"{name}{DBOS_DATABASE_SUFFIX}"
+    await recreate_database(suite_dsn, dbos_database)
+    return suite_dsn, with_database(suite_dsn, dbos_database)
+
+
+async def recreate_database(server_dsn: str, database: str, *, create: bool = True) -> None:
+    """Drop the benchmark-owned ``database`` (closing its sessions) and create it anew."""
+    connection = await asyncpg.connect(server_dsn, timeout=limits.connect_timeout_s)
+    try:
+        # Identifiers cannot be parameters; the names are this module's constants plus the
+        # name of the database the caller gave.
+        quoted = '"' + database.replace('"', '""') + '"'
+        await connection.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+        if create:
+            await connection.execute(f"CREATE DATABASE {quoted}")
+    finally:
+        await connection.close()
+
+
+# ----------------------------------------------------------------------------- live steps
+
+STEP_NAMES: Final = {"raw": "raw asyncpg: 2 INSERT commits", "wal": "wal-engine tool step",
+                     "langgraph": "LangGraph graph step", "dbos": "DBOS step"}
+
+
+async def start_live_peers(run: Run) -> dict[str, RemotePeer]:
+    """Start every active contender in a process of its own, each ready to step."""
+    live: dict[str, RemotePeer] = {}
+    for spec in run.peers:
+        if not run.active(spec.key):
+            continue
+        peer = RemotePeer(spec.key, spec.name)
+        try:
+            await peer.start({"dsn": run.dsn, "system_url": run.dbos_url})
+        except Exception as error:
+            await peer.close()
+            if not spec.optional:
+                raise
+            run.skip(spec.key, f"failed to start: {error}")
+            continue
+        live[spec.key] = peer
+    return live
+
+
+def step_workloads(run: Run, live: dict[str, RemotePeer]) -> list[harness.Workload]:
+    """The ``step`` and ``step64`` workloads over the live contenders."""
+    n = CONCURRENT_TASKS
+
+    def workload(name: str, description: str, method: str, events: int,
+                 ops: int) -> harness.Workload:
+        contenders = [
+            remote_contender(peer, STEP_NAMES[key] + ("" if events == 1 else f" x{n}"),
+                             method, ops=ops, warmup=LIVE_WARMUP_OPS, events_per_op=events,
+                             reference=key == "raw")
+            for key, peer in live.items()
+        ]
+        return harness.Workload(name, description, contenders, ops, warmup_ops=0)
+
+    ops = run.settings.ops
+    return [
+        workload("step", "one step of one task: its message and tool result durable before "
+                 "the next step (the task's history grows over the rounds)", "step_one", 1,
+                 ops),
+        workload(f"step{n}", f"one step of each of {n} tasks at once (events/s = steps/s)",
+                 "step_all", n, max(2, ops // 8)),
+    ]
+
+
+async def run_live_workloads(run: Run, names: list[str]) -> None:
+    """Phase 1: the live workloads, contenders in their own processes, interleaved."""
+    live = await start_live_peers(run)
+    try:
+        for workload in step_workloads(run, live):
+            if workload.name in names:
+                run.results.append(await harness.run_workload(workload,
+                                                              rounds=run.settings.rounds))
+    finally:
+        for key, peer in live.items():
+            try:
+                figures = await peer.close()
+            except Exception as error:  # Report it; the other contenders still close.
+                print(f"closing {peer.name}: {error}", file=sys.stderr, flush=True)
+                continue
+            run.live[key] = figures
+            run.notes.update({name: value for name, value in figures.items()
+                              if name != "peak_rss_mib"})
+
+
+# ----------------------------------------------------------------------------- histories
+
+
+def build_arguments(run: Run, key: str, steps: int) -> dict[str, Any]:
+    """What the build child of peer ``key`` needs for a history of ``steps`` steps."""
+    window = max(1, steps // WINDOW_FRACTION)
+    arguments: dict[str, Any] = {"dsn": run.dsn, "steps": steps, "window": window,
+                                 "task_id": run.task_id(key, steps)}
+    if key == "langgraph":
+        from benchmarks.peers_langgraph import REAL_STEPS_MAX
+
+        real_max = QUICK_LANGGRAPH_REAL_STEPS_MAX if run.settings.quick else REAL_STEPS_MAX
+        arguments["real_steps_max"] = real_max
+        if steps > real_max:
+            arguments["window"] = min(window, LANGGRAPH_BULK_WINDOW)
+    if key == "dbos":
+        arguments.update(system_url=run.dbos_url, system_dsn=run.dbos_url)
+    return arguments
+
+
+async def build_histories(run: Run) -> None:
+    """Phase 2: every contender writes its history of each size, one child at a time."""
+    from benchmarks import peers_raw, peers_wal
+
+    for steps in run.sizes:
+        for peer in run.peers:
+            if not run.active(peer.key):
+                continue
+            started = time.monotonic()
+            try:
+                figures = await run_child(peer.key, "build", build_arguments(run, peer.key,
+                                                                             steps))
+            except Exception as error:
+                if not peer.optional:
+                    raise
+                run.skip(peer.key, f"history build failed: {error}")
+                continue
+            figures["build_s"] = round(time.monotonic() - started, 1)
+            run.builds.setdefault(peer.key, {})[str(steps)] = figures
+            print(f"built {peer.name} history of {steps:,} steps in {figures['build_s']} s",
+                  file=sys.stderr, flush=True)
+        state = await peers_wal.encoded_state(run.dsn, run.task_id("wal", steps))
+        await peers_raw.store_state(run.dsn, run.task_id("raw", steps), state)
+        run.notes.setdefault("state_bytes", {})[str(steps)] = len(state)
+
+
+def _warm(operation: harness.Operation) -> Callable[[int], Awaitable[None]]:
+    async def before_round(_round: int) -> None:
+        await operation()  # Untimed: the pages this contender reads are cached again.
+    return before_round
+
+
+def resume_workload(run: Run, steps: int, ops: int) -> harness.Workload:
+    """The floor and every contender's resume of its ``steps``-step task."""
+    from benchmarks import peers_raw, peers_wal
+
+    floor = peers_raw.floor_operation(run.dsn, run.task_id("raw", steps), steps)
+    contenders = [
+        harness.Contender("floor: state row + decode", floor, reference=True,
+                          before_round=_warm(floor)),
+    ]
+    resume = peers_wal.resume_operation(run.dsn, run.task_id("wal", steps), steps)
+    contenders.append(harness.Contender("wal-engine resume", resume,
+                                        before_round=_warm(resume)))
+    if run.active("langgraph"):
+        from benchmarks import peers_langgraph
+
+        get = peers_langgraph.resume_operation(run.dsn, run.task_id("langgraph", steps), steps)
+        contenders.append(harness.Contender("LangGraph aget_tuple", get,
+                                            before_round=_warm(get)))
+    if run.active("dbos") and str(steps) in run.builds.get("dbos", {}):
+        contenders.append(harness.Contender("DBOS recovery", _dbos_recovery(run, steps)))
+    return harness.Workload(
+        f"resume@{steps:,}", f"resume a task of {steps:,} steps from a fresh connection "
+        "(DBOS: a fresh process)", contenders, ops, warmup_ops=0)
+
+
+def _dbos_recovery(run: Run, steps: int) -> harness.Operation:
+    """Recover the DBOS workflow in a fresh process; time reported by the child."""
+    samples = run.recoveries.setdefault(str(steps), [])
+
+    async def operation() -> int:
+        executor = (samples[-1] if samples else run.builds["dbos"][str(steps)])["executor_id"]
+        figures = await run_child("dbos", "recover", {
+            "system_url": run.dbos_url, "steps": steps, "from_executor": executor})
+        if figures["recovered"] != 1:
+            raise RuntimeError(f"DBOS recovered {figures['recovered']} workflows, not 1")
+        samples.append(figures)
+        return int(figures["recovery_ns"])
+
+    return operation
+
+
+async def run_resume_workloads(run: Run) -> None:
+    """Phase 3: resume of each history size, contenders interleaved in rounds."""
+    rounds = max(RESUME_ROUNDS_MIN, run.settings.rounds // 4)
+    ops = 1 if run.settings.quick else RESUME_OPS
+    for steps in run.sizes:
+        run.results.append(await harness.run_workload(resume_workload(run, steps, ops),
+                                                      rounds=rounds))
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The suite's options: the harness's, plus peers and history sizes."""
+    parser = harness.argument_parser(NAME, __doc__, rounds=20, ops=50)
+    parser.prog = "python -m benchmarks"
+    parser.add_argument(
+        "--peers", type=lambda text: [name for name in text.split(",") if name],
+        help="optional peers to run (default: every installed one of langgraph,dbos)")
+    parser.add_argument(
+        "--keep", action="store_true",
+        help=f"keep the databases the suite created ({SUITE_DATABASE}, DBOS's) for inspection")
+    parser.add_argument(
+        "--sizes", type=lambda text: tuple(int(size) for size in text.split(",") if size),
+        help=f"history sizes in steps (default {SIZES}, --quick {QUICK_SIZES})")
+    return parser
+
+
+def select_peers(args: argparse.Namespace) -> tuple[list[PeerSpec], dict[str, str]]:
+    """The peers this run takes, and why each optional peer left out is left out."""
+    wanted = None if args.peers is None else set(args.peers)
+    chosen, skipped = [], {}
+    for spec in PEERS:
+        if spec.optional and wanted is not None and spec.key not in wanted:
+            skipped[spec.key] = "not selected (--peers)"
+            continue
+        missing = missing_module(spec)
+        if missing is not None:
+            if not spec.optional:
+                raise SystemExit(f"{spec.name} needs module {missing!r}")
+            skipped[spec.key] = (f"not installed (no module {missing!r}; "
+                                 "pip install -e '.[bench]')")
+            continue
+        chosen.append(spec)
+    return chosen, skipped
+
+
+async def main() -> int:
+    """Run the suite; print the report; write the JSON."""
+    args = argument_parser().parse_args()
+    settings = harness.RunSettings.from_args(args, quick_rounds=3, quick_ops=10)
+    phases = harness.selected(["step", f"step{CONCURRENT_TASKS}", "resume"], args)
+    peers, skipped = select_peers(args)
+    for key, reason in skipped.items():
+        print(f"skipping {key}: {reason}", file=sys.stderr, flush=True)
+    dsn, dbos_url = await prepare_databases(args.dsn)
+    run = Run(settings=settings, sizes=args.sizes or (QUICK_SIZES if args.quick else SIZES),
+              dsn=dsn, dbos_url=dbos_url, run_id=uuid.uuid4().hex[:8], peers=peers,
+              skipped=skipped)
+    started = time.monotonic()
+    machine = await harness.describe_machine(dsn)
+    machine["packages"].update(peers_report.peer_versions(PEER_PACKAGES))
+    try:
+        if {"step", f"step{CONCURRENT_TASKS}"} & set(phases):
+            await run_live_workloads(run, phases)
+        if "resume" in phases:
+            await build_histories(run)
+            await run_resume_workloads(run)
+    finally:
+        if not args.keep:
+            await recreate_database(dsn, urllib.parse.urlsplit(dbos_url).path.lstrip("/"),
+                                    create=False)
+        if not args.dsn and not args.keep:
+            # The suite's own database holds a gigabyte after a full run: drop it.
+            await recreate_database(with_database(dsn, "postgres"), SUITE_DATABASE,
+                                    create=False)
+    run.notes["suite_s"] = round(time.monotonic() - started, 1)
+    run.notes["dsn"] = redact_dsn(dsn)
+    report = peers_report.Report(run, machine)
+    print(report.markdown())
+    if not args.no_json:
+        path = harness.write_json(NAME, machine, run.results, settings, path=args.json_path,
+                                  extra=report.extra())
+        print(f"Results written to {path}")
+    return 0
+
+
+def entry() -> None:
+    """``python -m benchmarks``."""
+    harness.run_main(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,164 @@
+-- wal-engine security: roles, ownership and grants for least privilege. Idempotent.
+--
+-- Applied by wal_engine.security.apply_security() after schema.sql, by a superuser (or a
+-- role that may create roles and act as both roles below), and again after every migration:
+-- re-creating a function resets its SECURITY DEFINER and search_path.
+--
+-- The role names and timeouts arrive as transaction-local settings (set_config(..., true))
+-- and are quoted with format('%I' / '%L'); nothing here is built by string concatenation.
+--
+-- Map of the privileges
+-- ---------------------
+-- owner role (default engine_owner)   NOLOGIN. Owns the schema and every wal_* table, view
+--                                     and function. Migrations run as it (SET ROLE). Even
+--                                     it cannot UPDATE, DELETE or TRUNCATE wal_events or
+--                                     wal_signals: the append-only triggers of schema.sql
+--                                     refuse (WE002). It could DISABLE those triggers, and
+--                                     a superuser can do anything: the hash chain plus an
+--                                     external anchor (wal_engine.anchor) make that evident.
+-- application role (default          LOGIN (or grant it to the service's login role).
+-- engine_app)                         Not superuser, not BYPASSRLS, owns nothing, is not a
+--                                     member of the owner role; statement_timeout and
+--                                     idle_in_transaction_session_timeout are set on it.
+--   wal_events                        SELECT, INSERT: the log is append-only for it.
+--   wal_events_json                   SELECT.
+--   wal_tasks                         SELECT, INSERT; UPDATE of the head, status, wake and
+--                                     lease-expiry columns only (status moves and
+--                                     heartbeats are plain statements, decision 4 of
+--                                     docs/architecture.md; the state-machine trigger
+--                                     checks every status move). Never lease_epoch (the
+--                                     fencing token), attempts, agent, budget or ids.
+--   wal_idempotency                   SELECT, INSERT, DELETE; UPDATE of the claim and
+--                                     outcome columns: the dedup table is a work table
+--                                     (a released claim is deleted), not the log.
+--   wal_snapshots                     SELECT, INSERT, DELETE: derived data, pruned.
+--   wal_signals                       SELECT: signals are written by wal_send_signal only.
+--   wal_schema_version, wal_transitions  SELECT.
+--   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
+--                                     wal_send_signal, wal_cancel_task (SECURITY DEFINER,
+--                                     owned by the owner role, search_path fixed to this
+--                                     schema then pg_temp): the only ways to change a
+--                                     lease epoch. wal_emit is not executable by it.
+--   the database                      CONNECT. CREATE and TEMPORARY are revoked from
+--                                     PUBLIC: a temporary table could otherwise shadow
+--                                     wal_transitions for the invoker-rights trigger.
+-- Any other wal_* table (an integration's, a test's) gets no grant: fail closed.
+
+DO $security$
+DECLARE
+    owner_role  text := current_setting('wal_engine.owner_role');
+    app_role    text := current_setting('wal_engine.app_role');
+    app_statement_timeout text := current_setting('wal_engine.app_statement_timeout');
+    app_idle_timeout      text := current_setting('wal_engine.app_idle_timeout');
+    schema_name text := current_schema();
+    schema_oid  oid := (SELECT n.oid FROM pg_namespace n WHERE n.nspname = current_schema());
+    fixed_path  text := format('%I, pg_temp', current_schema());
+    item record;
+BEGIN
+    IF owner_role = app_role THEN
+        RAISE EXCEPTION 'the owner and application roles must differ' USING ERRCODE = '22023';
+    END IF;
+
+    -- Roles ------------------------------------------------------------------------------
+    BEGIN
+        EXECUTE format('CREATE ROLE %I NOLOGIN', owner_role);
+    EXCEPTION WHEN duplicate_object THEN
+        NULL;  -- Roles are cluster-wide: another database of this cluster made it.
+    END;
+    EXECUTE format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
+                   'NOREPLICATION', owner_role);
+    BEGIN
+        EXECUTE format('CREATE ROLE %I LOGIN', app_role);
+    EXCEPTION WHEN duplicate_object THEN
+        NULL;
+    END;
+    EXECUTE format('ALTER ROLE %I NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
+                   'NOREPLICATION', app_role);
+    IF pg_has_role(app_role, owner_role, 'MEMBER') THEN
+        RAISE EXCEPTION 'role % is a member of the owner role %', app_role, owner_role
+            USING ERRCODE = '42501';
+    END IF;
+    EXECUTE format('ALTER ROLE %I SET statement_timeout = %L', app_role,
+                   app_statement_timeout);
+    EXECUTE format('ALTER ROLE %I SET idle_in_transaction_session_timeout = %L', app_role,
+                   app_idle_timeout);
+
+    -- Database and schema ---------------------------------------------------------------------
+    EXECUTE format('REVOKE CREATE, TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), app_role);
+    EXECUTE format('ALTER SCHEMA %I OWNER TO %I', schema_name, owner_role);
+    EXECUTE format('REVOKE ALL ON SCHEMA %I FROM PUBLIC', schema_name);
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, app_role);
+    -- Objects the owner role creates later are not readable or executable by everyone.
+    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I REVOKE EXECUTE ON FUNCTIONS '
+                   'FROM PUBLIC', owner_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA %I REVOKE ALL ON TABLES '
+                   'FROM PUBLIC', owner_role, schema_name);
+
+    -- Ownership, and no privilege left to anyone but the owner --------------------------------
+    -- (Sequences owned by a column follow their table.)
+    FOR item IN
+        SELECT c.relname, c.relkind FROM pg_class c
+         WHERE c.relnamespace = schema_oid AND c.relkind IN ('r', 'p', 'v', 'm')
+           AND c.relname LIKE 'wal\_%'
+         ORDER BY c.relname
+    LOOP
+        EXECUTE format('ALTER %s %I OWNER TO %I',
+                       CASE item.relkind WHEN 'v' THEN 'VIEW'
+                                         WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                         ELSE 'TABLE' END,
+                       item.relname, owner_role);
+        EXECUTE format('REVOKE ALL ON TABLE %I FROM PUBLIC, %I', item.relname, app_role);
+    END LOOP;
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature FROM pg_proc p
+         WHERE p.pronamespace = schema_oid AND p.proname LIKE 'wal\_%'
+         ORDER BY 1
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO %I', item.signature, owner_role);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', item.signature, app_role);
+    END LOOP;
+
+    -- The application role's grants -----------------------------------------------------------
+    EXECUTE format('GRANT SELECT ON wal_schema_version, wal_transitions, wal_events_json, '
+                   'wal_signals TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT ON wal_events TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT ON wal_tasks TO %I', app_role);
+    EXECUTE format('GRANT UPDATE (head_seq, head_hash, status, status_path, updated_at, '
+                   'wake_at, waiting_signal, lease_owner, lease_expires_at) ON wal_tasks TO %I',
+                   app_role);
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_snapshots TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_idempotency TO %I', app_role);
+    EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
+                   'completed_at) ON wal_idempotency TO %I', app_role);
+
+    -- Functions: the lease-changing ones run with the owner's rights and a fixed path ---------
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
+         WHERE p.pronamespace = schema_oid
+           AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
+                             'wal_cancel_task')
+         ORDER BY 1
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',
+                       item.signature, fixed_path);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+    END LOOP;
+    -- Helpers and triggers keep the caller's rights but never look names up in a schema the
+    -- caller could write to.
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature FROM pg_proc p
+         WHERE p.pronamespace = schema_oid
+           AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change')
+         ORDER BY 1
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
+    END LOOP;
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature FROM pg_proc p
+         WHERE p.pronamespace = schema_oid AND p.proname = 'wal_event_hash'
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+    END LOOP;
+END;
+$security$;

@@ -1,0 +1,66 @@
+"""An agent using every tool class of the side-effect ledger, for the fault suite.
+
+``register`` is importable by worker subprocesses
+(``python -m wal_engine.testing.worker DSN ID tests.fault.ledger_agents:register``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from wal_engine.context import AgentContext
+from wal_engine.engine import Engine
+from wal_engine.retries import RetryPolicy
+from wal_engine.testing.ledger import EffectLedger
+
+AGENT: Final = "ledgered"
+TOOLS: Final = {"fake-llm": "llm", "reserve": "idem", "book": "db", "charge": "lookup",
+                "notify": "unsafe"}
+
+
+def register(engine: Engine) -> None:
+    """Register the ``ledgered`` agent: LLM, T-idem, T-db, T-lookup, T-unsafe, sleep, signal."""
+    ledger = EffectLedger.for_engine(engine)
+    llm = ledger.llm("fake-llm")
+    reserve = ledger.service("reserve", kind="idem", result=lambda a: {"reserved": a["n"]})
+    book = ledger.transaction("book", result=lambda a: {"booked": a["n"]})
+    charge = ledger.service("charge", kind="lookup", result=lambda a: {"charged": a["n"] * 10})
+    notify = ledger.service("notify", kind="unsafe", result=lambda a: {"sent": a["n"]})
+    quick = RetryPolicy(max_attempts=3, initial_delay_s=0.01)
+
+    @engine.agent(AGENT)
+    async def ledgered(ctx: AgentContext, task_input: Any) -> Any:
+        n = int(task_input["n"])
+        plan = await ctx.llm("fake-llm", llm, {"plan": n})
+        reserved = await ctx.tool("reserve", reserve, {"n": n}, retry=quick)
+        await ctx.checkpoint(next_action="book")
+        booked = await ctx.transaction("book", book, {"n": n})
+        if task_input.get("sleep_ms"):
+            await ctx.sleep(task_input["sleep_ms"] / 1000)
+        charged = await ctx.tool("charge", charge, {"n": n}, idempotent=False,
+                                 lookup=ledger.lookup(), retry=quick)
+        approval = None
+        if task_input.get("wait"):
+            approval = await ctx.wait_for_signal("go")
+        await ctx.checkpoint(next_action="notify")
+        sent = await ctx.tool("notify", notify, {"n": n}, idempotent=False, retry=quick)
+        await ctx.message("assistant", f"done {n}")
+        return {"plan": plan, "reserved": reserved, "booked": booked, "charged": charged,
+                "approval": approval, "sent": sent}
+
+
+FLAKY: Final = "flaky"
+
+
+def register_flaky(engine: Engine) -> None:
+    """The ledgered agent plus ``flaky``: one idempotent call whose first delivery fails, then
+    a backoff of 1-2 s (in memory) before the retry."""
+    register(engine)
+    ledger = EffectLedger.for_engine(engine)
+    service = ledger.service("flaky-call", kind="idem", result=lambda a: {"ok": a["n"]},
+                             fail_first=1)
+    slow_retry = RetryPolicy(max_attempts=3, initial_delay_s=2.0, max_delay_s=2.0)
+
+    @engine.agent(FLAKY)
+    async def flaky(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("flaky-call", service, {"n": task_input["n"]}, retry=slow_retry)

@@ -1,0 +1,46 @@
+"""The whole benchmark suite runs end to end in --quick, so it cannot rot (no speed is asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 300.0
+
+
+async def test_suite_quick_run_prints_the_table_and_writes_the_json(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """`python -m benchmarks --quick` exits 0, prints its tables and writes its JSON; a peer
+    that is not installed is skipped with a reason, never a failure."""
+    results = tmp_path / "latest.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks", "--quick", "--dsn", database_dsn,
+        "--json", str(results), cwd=REPOSITORY,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    output = stdout.decode()
+    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    assert "| workload | contender |" in output
+    assert "| contender | step p50 / p99 ms |" in output
+    assert "### Targets" in output
+    document = json.loads(results.read_text())
+    assert document["machine"]["postgres"]["fsync"] in {"on", "off"}
+    workloads = {workload["name"]: workload for workload in document["workloads"]}
+    assert {"step", "step64", "resume@100", "resume@1,000"} <= workloads.keys()
+    names = {contender["name"] for contender in workloads["step"]["contenders"]}
+    assert {"raw asyncpg: 2 INSERT commits", "wal-engine tool step"} <= names
+    ran = {row["key"] for row in document["summary"]}
+    for peer in ("langgraph", "dbos"):
+        assert (peer in ran) != (peer in document["skipped"]), (peer, document["skipped"])
+    assert {"raw", "wal"} <= ran
+    assert all(target["name"] for target in document["targets"])

@@ -1,0 +1,66 @@
+"""A worker process for crash tests: ``python -m wal_engine.testing.worker DSN ID SPEC [N]``.
+
+``SPEC`` names the function that registers the agents, ``package.module:function`` (sync or
+async, called with the engine). Timings come from ``WAL_ENGINE_TEST_LEASE_TTL_MS``,
+``WAL_ENGINE_TEST_HEARTBEAT_MS`` and ``WAL_ENGINE_TEST_POLL_MS``; a failpoint from
+``ENGINE_FAILPOINT`` (``name:nth:sigkill``). Prints ``ready`` once it works and exits 0 on
+SIGTERM after handing its tasks back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+LEASE_TTL_ENV: Final = "WAL_ENGINE_TEST_LEASE_TTL_MS"
+HEARTBEAT_ENV: Final = "WAL_ENGINE_TEST_HEARTBEAT_MS"
+POLL_ENV: Final = "WAL_ENGINE_TEST_POLL_MS"
+READY: Final = "ready"
+
+
+def load_register(spec: str) -> Callable[[Any], Any]:
+    """The function ``package.module:function`` names."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit(f"register spec must be package.module:function, not {spec!r}")
+    function: Callable[[Any], Any] = getattr(importlib.import_module(module_name), attribute)
+    return function
+
+
+async def serve(dsn: str, worker_id: str, spec: str, concurrency: int) -> None:
+    """Register the agents, run a worker until SIGTERM."""
+    from wal_engine.engine import connect
+
+    engine = await connect(dsn, migrate=False)
+    try:
+        registered = load_register(spec)(engine)
+        if inspect.isawaitable(registered):
+            await registered
+        ttl_ms = int(os.environ.get(LEASE_TTL_ENV, "1000"))
+        heartbeat_ms = int(os.environ.get(HEARTBEAT_ENV, "250"))
+        poll_ms = int(os.environ.get(POLL_ENV, "100"))
+        worker = engine.worker(concurrency=concurrency, worker_id=worker_id,
+                               lease_ttl_ms=ttl_ms, heartbeat_ms=heartbeat_ms, poll_ms=poll_ms,
+                               sweep_ms=max(50, heartbeat_ms))
+        print(READY, flush=True)
+        await worker.run(install_signal_handlers=True)
+    finally:
+        await engine.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point (see the module docstring)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (3, 4):
+        raise SystemExit("usage: python -m wal_engine.testing.worker DSN WORKER_ID "
+                         "package.module:register [CONCURRENCY]")
+    asyncio.run(serve(args[0], args[1], args[2], int(args[3]) if len(args) == 4 else 4))
+
+
+if __name__ == "__main__":
+    main()
