@@ -104,8 +104,14 @@ class GroupCommitter:
             self._maybe_flush()
 
     async def _pinned(self) -> Any:
-        if self._connection is None or self._connection.is_closed():
-            self._connection = await self.store.database.pool.acquire()
+        if self._connection is not None:
+            try:
+                if not self._connection.is_closed():
+                    return self._connection
+            except CONNECTION_ERRORS:
+                pass  # Its session was terminated: the proxy is detached ("released").
+            await self._drop_connection()  # Give the pool its slot back, then take another.
+        self._connection = await self.store.database.pool.acquire()
         return self._connection
 
     async def _drop_connection(self) -> None:

@@ -11,8 +11,8 @@ class         the fake service                            what the engine must a
               (use with ``ctx.transaction``)
 ``idem``      dedups on the key (returns the stored       applied <= 1 (deliveries may be
               response to a repeated delivery)            more: retries reuse the key)
-``lookup``    acts on every delivery; offers              deliveries <= 1: an in-doubt call
-              ``lookup(key)`` (status by key)             is looked up, not re-sent
+``lookup``    acts on every delivery; offers              applied <= 1: an in-doubt call
+              ``lookup(key)`` (status by key)             is looked up, re-sent only if unseen
 ``unsafe``    acts on every delivery, no dedup, no        deliveries <= 1: an in-doubt call
               lookup (use with ``idempotent=False``)      is escalated, never re-sent
 ``llm``       answers deterministically from the request  re-calls allowed (cost only)
@@ -406,7 +406,9 @@ def _check_row(row: EffectRow) -> list[Violation]:
         violations.append(Violation(invariant="I4", task_id=row.task_id,
                                     detail=f"{row.tool} ({row.tool_class}) acted {row.applied} "
                                            f"times under key {row.key}"))
-    if row.tool_class in ("unsafe", "lookup") and row.deliveries > 1:
+    # An unsafe call must never be sent twice. (A lookup call may be: the engine re-sends
+    # it only when the lookup says it never acted, so its bound is on "applied".)
+    if row.tool_class == "unsafe" and row.deliveries > 1:
         violations.append(Violation(invariant="I4", task_id=row.task_id,
                                     detail=f"{row.tool} ({row.tool_class}) delivered "
                                            f"{row.deliveries} times under key {row.key}"))
