@@ -1,0 +1,95 @@
+"""W1-W3, W7, L8 in process: the Hypothesis crash machine on the demo agent and on the
+ledgered fault agent. Every program crashes workers at drawn failpoints, expires leases,
+restarts and kills workers, answers signals and advances timers; after every rule every
+invariant is checked, and at the end each task must equal its crash-free run (L8)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from tests.fault import ledger_agents
+from wal_engine import demo
+from wal_engine.testing.machine import (
+    AgentUnderTest,
+    MachineStats,
+    Submission,
+    crash_settings,
+    run_crash_machine,
+)
+from wal_engine.testing.postgres import DatabaseFactory
+
+DEEP = os.environ.get("RELIABILITY_DEEP") == "1"
+deep_only = [pytest.mark.deep,
+             pytest.mark.skipif(not DEEP, reason="deep tier: set RELIABILITY_DEEP=1")]
+DEMO_EFFECTS = "SELECT key, tool, deliveries, applied, 'idem' AS tool_class FROM demo_effects"
+CRASH_POINTS_MIN = 1000
+
+
+async def register_demo(engine: Any) -> None:
+    """The demo agent and its effects table."""
+    demo.register(engine)
+    await demo.prepare(engine)
+
+
+DEMO = AgentUnderTest(
+    register=register_demo,
+    submissions=st.builds(Submission, agent=st.just(demo.AGENT_NAME),
+                          input=st.sampled_from([{"question": "why WAL?"},
+                                                 {"question": "how to fence?",
+                                                  "recipient": "ops@example.com"}])),
+    effects_query=DEMO_EFFECTS,
+)
+LEDGERED = AgentUnderTest(
+    register=ledger_agents.register,
+    submissions=st.builds(Submission, agent=st.just(ledger_agents.AGENT),
+                          input=st.fixed_dictionaries({"n": st.integers(1, 3),
+                                                       "sleep_ms": st.sampled_from([0, 30]),
+                                                       "wait": st.booleans()})),
+    signals={"go": {"ok": True}},
+)
+
+
+def _report(name: str, stats: MachineStats) -> None:
+    line = f"{name}: {stats}"
+    print(line)
+    try:
+        from tests.fault.support import FIGURES
+
+        FIGURES.append(line)
+    except ImportError:  # pragma: no cover - the fault package is part of this tree
+        pass
+    assert stats.violations == 0
+
+
+@pytest.mark.timeout(900)
+def test_w1_w3_w7_l8_crash_machine_on_the_demo_agent(database_factory: DatabaseFactory
+                                                     ) -> None:
+    """At least 1,000 fired crash points per CI run on the demo agent, zero violations."""
+    stats = run_crash_machine(DEMO, database_factory, profile="crash-ci")
+    _report("W1-W3/W7/L8 machine, demo agent", stats)
+    assert stats.crash_points_fired >= CRASH_POINTS_MIN
+
+
+@pytest.mark.timeout(600)
+def test_w1_w3_l8_crash_machine_on_every_tool_class(database_factory: DatabaseFactory) -> None:
+    """The machine on the ledgered agent: LLM, T-idem, T-db, T-lookup, T-unsafe, a durable
+    sleep and a signal wait; only escalations of non-idempotent calls may differ from the
+    crash-free run."""
+    stats = run_crash_machine(LEDGERED, database_factory,
+                              settings_=settings(crash_settings("crash-ci"), max_examples=80))
+    _report("W1-W3/L8 machine, ledgered agent (every tool class)", stats)
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("config", [DEMO, LEDGERED], ids=["demo", "ledgered"])
+@deep_only[0]
+@deep_only[1]
+def test_deep_crash_machine(database_factory: DatabaseFactory, config: AgentUnderTest) -> None:
+    """Deep: the nightly profile (3,000 programs of 30 steps)."""
+    stats = run_crash_machine(config, database_factory, profile="crash-deep")
+    _report("deep crash machine", stats)
