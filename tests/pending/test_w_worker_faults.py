@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fault import ledger_agents
-from tests.fault.gated import GATED, KINDS, ZOMBIE, register_gated
+from tests.fault.gated import GATED, KINDS, register_gated, zombie_round
 from tests.fault.support import (
     DEEP,
     LEDGERED,
@@ -209,23 +209,8 @@ async def test_w6_paused_zombies_are_fenced_in_every_tool_class(database_dsn: st
     try:
         for n in range(30):
             kind = KINDS[n % 4]
-            gate.clear()
-            inside.clear()
             task_id = await engine.submit(GATED, {"kind": kind, "n": n}, task_id=f"w6-{n}")
-            zombie = engine.worker(concurrency=1, worker_id=ZOMBIE, **FAST_TIMINGS)
-            zombie_run = asyncio.create_task(zombie.run())
-            await asyncio.wait_for(inside.wait(), 10)
-            zombie_epoch = (await engine.head(task_id)).lease_epoch
-            await expire_leases(engine, [task_id])
-            rescuer = asyncio.create_task(run_worker_until_idle(engine, worker_id="rescuer"))
-            await wait_until(lambda t=task_id, e=zombie_epoch: _epoch_above(engine, t, e + 1),
-                             "the rescuer's claim", 10)
-            await asyncio.sleep(0.05)
-            gate.set()  # The zombie wakes up inside its effect.
-            await asyncio.wait_for(rescuer, 30)
-            zombie.stop()  # The live zombie may have claimed the task again and hands it back.
-            await asyncio.wait_for(zombie_run, 30)
-            await drive_to_quiescence(engine, [task_id])
+            zombie_epoch = await zombie_round(engine, gate, inside, task_id)
             state = await engine.state(task_id)
             history = await engine.history(task_id)
             late = [r for r in history if r.epoch <= zombie_epoch
@@ -247,10 +232,6 @@ async def test_w6_paused_zombies_are_fenced_in_every_tool_class(database_dsn: st
     report("W6", violations, tasks=30, effects=effects, zombies_fenced=fenced,
            escalated_unsafe=escalated)
     assert effects.stale_rejected > 0  # the fake really saw (and refused) zombie deliveries
-
-
-async def _epoch_above(engine: Engine, task_id: str, epoch: int) -> bool:
-    return (await engine.head(task_id)).lease_epoch >= epoch
 
 
 IDLE_IN_TRANSACTION = """
