@@ -180,6 +180,33 @@ async def test_nothing_follows_a_terminal_status(store: Store) -> None:
         await store.append_events("task-1", [message()], **head_args(done, 1))
 
 
+@pytest.mark.parametrize("wait", [
+    ev.SignalAwaited(name="approve"),
+    ev.TimerStarted(timer_id="t", wake_at_ms=0, duration_ms=60_000),
+    ev.TaskReleased(reason="shutdown"),
+], ids=lambda e: type(e).__name__)
+async def test_no_observation_after_the_lease_is_dropped(store: Store, wait: ev.Event) -> None:
+    """A run that began to wait (or handed the task back) no longer owns it: an observation
+    from the same epoch, alone, batched or group-committed, is LeaseLost and writes nothing;
+    a status move from that epoch (the run's own wake-up) is still accepted."""
+    head = await claimed_task(store)
+    waiting = await store.append_events("task-1", [wait], **head_args(head, 1))
+    before = await log_snapshot(store.database)
+    for events in ([message()], [message("a"), message("b")]):
+        with pytest.raises(LeaseLost):
+            await store.append_events("task-1", events, **head_args(waiting, 1))
+    results = await store.append_many([PendingAppend(
+        task_id="task-1", epoch=1, expected_seq=waiting.head_seq, prev_hash=waiting.head_hash,
+        events=[message()])])
+    assert isinstance(results["task-1"], LeaseLost)
+    assert await log_snapshot(store.database) == before
+    if isinstance(wait, ev.SignalAwaited):
+        woken = await store.append_events("task-1", [ev.TaskWoken(reason="signal")],
+                                          **head_args(waiting, 1))
+        assert woken.head_seq == waiting.head_seq + 1
+    assert (await store.verify_task("task-1")).ok
+
+
 async def test_events_table_is_append_only(store: Store) -> None:
     """UPDATE, DELETE and TRUNCATE on wal_events are refused by triggers."""
     await store.create_task("t-1", "agent")

@@ -65,12 +65,25 @@ PREVIOUS_OK: Final = """
        AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
 """
 
+# An observation also needs the lease: a task that began to wait or was handed back
+# (the events after which its lease is dropped) takes only a status move from the same
+# epoch (the run's own `task_woken` after a signal that raced its wait); an observation
+# there comes from a run that no longer owns the task.
+LEASE_DROPPED_TYPES: Final = ("signal_awaited", "timer_started", "task_released")
+
+PREVIOUS_OK_LEASED: Final = f"""
+    SELECT 1 FROM wal_events p
+     WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $4 AND p.epoch = $2
+       AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled',
+                          {", ".join(repr(t) for t in LEASE_DROPPED_TYPES)})
+"""
+
 # One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key, $9 hash.
 OBSERVE_ONE: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
                         prev_hash, hash)
 SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9
- WHERE EXISTS ({PREVIOUS_OK})
+ WHERE EXISTS ({PREVIOUS_OK_LEASED})
 RETURNING seq
 """
 
@@ -83,7 +96,7 @@ SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key, e.pr
        e.hash
   FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
            WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
- WHERE EXISTS ({PREVIOUS_OK})
+ WHERE EXISTS ({PREVIOUS_OK_LEASED})
 RETURNING seq
 """
 
@@ -121,7 +134,7 @@ RETURNING seq
 # Tasks whose predecessor check fails are left out (the caller classifies them); a
 # duplicate seq aborts the statement (the caller then appends task by task). Returns the
 # ids of the accepted tasks.
-APPEND_MANY: Final = """
+APPEND_MANY: Final = f"""
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[],
                          $6::text[], $7::text[], $8::int8[], $9::text[], $18::int4[])
@@ -133,6 +146,8 @@ WITH batch AS (
       JOIN wal_events p ON p.task_id = batch.task_id AND p.seq = batch.expected_seq
        AND p.hash = batch.prev_hash AND p.epoch = batch.epoch
        AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
+       AND (batch.new_status IS NOT NULL
+            OR p.type NOT IN ({", ".join(repr(t) for t in LEASE_DROPPED_TYPES)}))
 ), moved AS (
     UPDATE wal_tasks AS t
        SET head_seq = f.expected_seq + f.n,

@@ -351,6 +351,10 @@ class Store:
             return LeaseLost(task_id, epoch, None if current is None else current["lease_epoch"])
         if row["type"] in TERMINAL_EVENT_TYPES:
             return IllegalTransition(task_id, "terminal", "append")
+        if row["type"] in queries.LEASE_DROPPED_TYPES and int(row["seq"]) == expected_seq:
+            # The task began to wait or was handed back: its lease is gone (the epoch
+            # moves when the next worker claims it).
+            return LeaseLost(task_id, epoch, epoch)
         return ConcurrencyConflict(task_id, expected_seq, int(row["seq"]))
 
     async def _resolve_ambiguous(

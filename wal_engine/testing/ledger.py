@@ -275,8 +275,12 @@ class EffectLedger:
             row = await self.database.fetchrow(DELIVER, key, task_id, tool, kind, owner, epoch,
                                               self.reject_stale)
         except CONNECTION_ERRORS as error:
-            # Not delivered (or delivered and counted, never acted): safe to try again.
-            raise TransientError(f"{tool}: service unreachable: {error!r}") from error
+            # Perhaps counted, never acted. A deduplicating service (or an LLM) may be
+            # tried again; the others must report it, or a retry would count as a second
+            # delivery of a call the engine must never send twice.
+            if kind in ("idem", "llm"):
+                raise TransientError(f"{tool}: service unreachable: {error!r}") from error
+            raise OutcomeUnknown(f"{tool}: lost the answer to a delivery: {error!r}") from error
         if row["stale"]:
             raise StaleDelivery(f"key {key}: epoch {epoch} is older than the task's epoch")
         return int(row["deliveries"])

@@ -9,7 +9,6 @@ a borrowed server.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import shutil
@@ -102,10 +101,17 @@ class DatabaseFactory:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+        if name in self._created:
+            self._created.remove(name)
 
     async def drop_all(self) -> None:
-        """Drop every database this factory made, and the template."""
-        await asyncio.gather(*(self.drop(self.server.dsn(n)) for n in self._created))
+        """Drop every database this factory made and has not dropped yet, and the template.
+
+        One at a time: a session that made hundreds of databases must not open hundreds of
+        admin connections at once (``max_connections``).
+        """
+        for name in list(self._created):
+            await self.drop(self.server.dsn(name))
         await self.drop(self.server.dsn(self.template))
 
 
