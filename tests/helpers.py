@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wal_engine import events as ev
 from wal_engine.store import Database, Store, TaskHead
 from wal_engine.store.records import AppendResult
 
@@ -35,3 +36,17 @@ async def claimed_task(store: Store, task_id: str = "task-1") -> TaskHead:
 def head_args(head: TaskHead | AppendResult, epoch: int) -> dict[str, Any]:
     """Keyword arguments that fence an append on ``head``."""
     return {"epoch": epoch, "expected_seq": head.head_seq, "prev_hash": head.head_hash}
+
+
+async def task_with_messages(store: Store, task_id: str, messages: int) -> int:
+    """A claimed task whose log ends with ``messages`` observations; returns its head seq."""
+    await store.create_task(task_id, "agent")
+    await claim(store.database)
+    head = await store.read_head(task_id)
+    seq, digest = head.head_seq, head.head_hash
+    for index in range(messages):
+        result = await store.append_events(
+            task_id, [ev.MessageAppended(role="user", content=f"message {index}")],
+            epoch=head.lease_epoch, expected_seq=seq, prev_hash=digest)
+        seq, digest = result.head_seq, result.head_hash
+    return seq

@@ -29,6 +29,7 @@ _lazy = {
     "TransientError": "wal_engine.retries",
     "PermanentError": "wal_engine.retries",
     "WalError": "wal_engine.errors",
+    "secret_ref": "wal_engine.redaction",
 }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -69,6 +70,8 @@ SELECT a.task_id, a.seq, e.hash,
 
 DATABASE_IDENTITY: Final = "SELECT current_database() AS name, now() AS now"
 
+
+_HEX: Final = re.compile(r"[0-9a-f]*")
 
 class AnchorInvalid(WalError):
     """The anchor file is unreadable, of another format, or its signature does not hold."""
@@ -217,6 +220,13 @@ def read_anchor(path: str | Path) -> Anchor:
     if anchor.mode not in ("heads", "root") or anchor.tasks != len(anchor.heads):
         raise AnchorInvalid(f"{path} is inconsistent (mode {anchor.mode!r}, "
                             f"{anchor.tasks} tasks, {len(anchor.heads)} heads)")
+    hexes = [("root", anchor.root)] + [(f"head of {h.task_id}", h.hash) for h in anchor.heads]
+    if anchor.signature is not None:
+        hexes += [("public key", anchor.signature.public_key),
+                  ("signature", anchor.signature.value)]
+    for what, text in hexes:
+        if len(text) % 2 or not _HEX.fullmatch(text):
+            raise AnchorInvalid(f"{path}: the {what} is not hex")
     return anchor
 
 

@@ -122,11 +122,12 @@ class ToolCaller:
             await run.fail_budget(trip)
         key = idempotency_key(run.task_id, _intent_seq(run))
         failpoints.hit("before_intent_append")
-        await run.append([self._intent(call_id, key, 1)])
+        await run.append([self._intent(call_id, key, 1)], redacted=True)
         failpoints.hit("after_intent_commit")
         return await self._attempts(call_id, key, 1)
 
     def _intent(self, call_id: str, key: str, attempt: int) -> ev.ToolCallIntended:
+        """The intent, from the arguments as already redacted (``spec.stored_args``)."""
         spec = self.spec
         return ev.ToolCallIntended(
             call_id=call_id, tool=spec.name, args=spec.stored_args, args_hash=spec.args_hash,
@@ -141,7 +142,7 @@ class ToolCaller:
         trip = run.check_budget(planned_tool_calls=1)
         if trip is not None:
             await run.fail_budget(trip)
-        await run.append([self._intent(call_id, key, attempt)])
+        await run.append([self._intent(call_id, key, attempt)], redacted=True)
         return await self._attempts(call_id, key, attempt)
 
     async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
@@ -165,7 +166,7 @@ class ToolCaller:
                                     _error_text(run, error, self.secrets_used)) from error
                 attempt += 1
                 await _wait_until(run, call_id, attempt, retry_at, spec.retry)
-                await run.append([self._intent(call_id, key, attempt)])
+                await run.append([self._intent(call_id, key, attempt)], redacted=True)
                 continue
             finally:
                 _current_call.reset(token)

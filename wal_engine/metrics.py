@@ -70,6 +70,12 @@ class Instruments:
         self.resume_events_folded = Histogram(
             "wal_engine_resume_events_folded", "Events folded to resume a task.", ["source"],
             buckets=folded_buckets_events, registry=target)
+        # The per-append children, looked up once: labels() takes a lock and builds a key
+        # on every call, which the append hot path would pay twice per statement.
+        self.append_paths = {
+            path: (self.append_statements.labels(path), self.append_seconds.labels(path))
+            for path in ("single", "group")
+        }
 
 
 def _load() -> Instruments | None:
@@ -105,8 +111,9 @@ def append_observed(path: str, started: float) -> None:
     """One append statement of ``path`` (``single`` or ``group``) finished."""
     if _instruments is None:
         return
-    _instruments.append_statements.labels(path).inc()
-    _instruments.append_seconds.labels(path).observe(time.perf_counter() - started)
+    statements, seconds = _instruments.append_paths[path]
+    statements.inc()
+    seconds.observe(time.perf_counter() - started)
 
 
 def events_appended(count: int) -> None:

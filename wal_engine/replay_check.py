@@ -192,7 +192,7 @@ class _ReplayRun(TaskRun):
         self.code_ended = code_ended
         self.leased = False
 
-    async def append(self, events: Sequence[ev.Event]) -> None:
+    async def append(self, events: Sequence[ev.Event], *, redacted: bool = False) -> None:
         kind = ev.event_type(events[0])
         seq = self.view.last_seq
         if self.code_ended:

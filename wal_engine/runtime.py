@@ -236,16 +236,20 @@ class TaskRun:
         """Free text (an error message) as the log and the logs may show it."""
         return redact_text(self.redactor, text)
 
-    async def append(self, events: Sequence[ev.Event]) -> None:
+    async def append(self, events: Sequence[ev.Event], *, redacted: bool = False) -> None:
         """Write ahead: redact, validate, fold, then append in one fenced commit
         (group-committed). ``self.last_appended`` is then the events as recorded
-        (redacted, a step_started first when one was needed).
+        (redacted, a step_started first when one was needed). ``redacted``: the caller
+        built the events from values this run's redactor already returned (redactors are
+        idempotent, so a second pass would only cost time).
 
         Raises :class:`Fenced` if another worker owns the task; InvalidPayload if an event
         cannot be stored (nothing is written, the state is unchanged).
         """
         self.check_live()
-        events = [redact_event(e, self.redactor) for e in self._with_step_started(events)]
+        events = list(self._with_step_started(events))
+        if not redacted:
+            events = [redact_event(e, self.redactor) for e in events]
         check_history_bound(self.task_id, self.head_seq, events,
                             self.engine.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.engine.store.payload_bytes_max)

@@ -75,7 +75,15 @@ async def zombie_round(engine: Engine, gate: asyncio.Event, inside: asyncio.Even
     try:
         await asyncio.wait_for(inside.wait(), timeout_s)
         zombie_epoch = (await engine.head(task_id)).lease_epoch
-        await expire_leases(engine, [task_id])
+        # The sweep skips a row another transaction holds (SKIP LOCKED): try until the
+        # zombie's lease is broken, i.e. the task has moved to a newer epoch.
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await expire_leases(engine, [task_id]):
+            if (await engine.head(task_id)).lease_epoch > zombie_epoch:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the lease of {task_id} could not be broken")
+            await asyncio.sleep(0.01)
         rescuer = asyncio.create_task(run_worker_until_idle(engine, worker_id="rescuer"))
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not any(r.type == "task_resumed" and r.epoch > zombie_epoch

@@ -213,8 +213,12 @@ async def test_w6_paused_zombies_are_fenced_in_every_tool_class(database_dsn: st
             zombie_epoch = await zombie_round(engine, gate, inside, task_id)
             state = await engine.state(task_id)
             history = await engine.history(task_id)
-            late = [r for r in history if r.epoch <= zombie_epoch
-                    and r.seq > min(h.seq for h in history if h.epoch > zombie_epoch)]
+            rescued = [h.seq for h in history if h.epoch > zombie_epoch]
+            if not rescued:
+                violations.append(Violation(invariant="I7", task_id=task_id,
+                                            detail="no worker took the task over"))
+                continue
+            late = [r for r in history if r.epoch <= zombie_epoch and r.seq > min(rescued)]
             if late:
                 violations.append(Violation(invariant="I7", task_id=task_id,
                                             detail=f"zombie wrote {[r.type for r in late]}"))

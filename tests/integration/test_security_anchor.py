@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.helpers import claim
+from tests.helpers import task_with_messages
 from wal_engine import events as ev
 from wal_engine.anchor import (
     AnchoredHead,
@@ -28,17 +28,8 @@ from wal_engine.store import Database, Store
 
 
 async def _task(store: Store, task_id: str, messages: int = 4) -> int:
-    """A claimed task whose log ends with observations; returns its head seq."""
-    await store.create_task(task_id, "agent")
-    await claim(store.database)
-    head = await store.read_head(task_id)
-    seq, digest = head.head_seq, head.head_hash
-    for index in range(messages):
-        result = await store.append_events(
-            task_id, [ev.MessageAppended(role="user", content=f"message {index}")],
-            epoch=head.lease_epoch, expected_seq=seq, prev_hash=digest)
-        seq, digest = result.head_seq, result.head_hash
-    return seq
+    """A claimed task whose log ends with messages; returns its head seq."""
+    return await task_with_messages(store, task_id, messages)
 
 
 async def _tamper(database: Database, *statements: tuple[str, tuple[object, ...]]) -> None:
@@ -195,6 +186,20 @@ async def test_unsigned_anchor_whose_heads_disagree_with_its_root_is_refused(
         anchor, heads=[AnchoredHead(head.task_id, head.seq, "00" * 32)])
     with pytest.raises(AnchorInvalid):
         await verify_anchor(store.database, edited)
+
+
+async def test_anchor_file_with_non_hex_fields_is_refused(store: Store, tmp_path: Path) -> None:
+    """A hash, root or key that is not hex is a typed AnchorInvalid naming the field."""
+    await _task(store, "t")
+    path = tmp_path / "anchor.json"
+    await export_anchor(store.database, path)
+    good = path.read_text()
+    head_hash = read_anchor(path).heads[0].hash
+    for bad in (good.replace(head_hash, "zz" + head_hash[2:]),
+                good.replace(head_hash, head_hash[:-1])):
+        path.write_text(bad)
+        with pytest.raises(AnchorInvalid, match="not hex"):
+            read_anchor(path)
 
 
 def _reference_root(leaves: list[bytes]) -> bytes:

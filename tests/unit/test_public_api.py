@@ -7,7 +7,7 @@ import wal_engine
 EXPECTED = {
     "AgentContext", "Budget", "Database", "Engine", "EventRecord", "LlmResponse",
     "PermanentError", "PlanNode", "RetryPolicy", "SignalTimeout", "Store", "TaskHead",
-    "ToolError", "TransientError", "WalError", "__version__", "connect",
+    "ToolError", "TransientError", "WalError", "__version__", "connect", "secret_ref",
 }
 
 

@@ -1,8 +1,11 @@
 """The ``wal-engine`` command line (thin: parses, calls the engine, renders).
 
-Every command takes ``--dsn`` (default ``WAL_ENGINE_DSN``, else the embedded server);
-reading commands take ``--json`` for one JSON object per line. Errors are one line on
-standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
+Every command on the log takes ``--dsn`` (default ``WAL_ENGINE_DSN``, else the embedded
+server), and those that open an engine take ``--development`` (the security self-test
+then lets a superuser through); reading commands take ``--json`` for one JSON object per
+line. ``bench`` hands its arguments to the benchmark suite (``python -m benchmarks``).
+Errors are one line on standard error with the exit codes listed in
+:mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 import click
 
 from wal_engine import __version__
+from wal_engine.cli.anchoring import anchor, anchor_keygen
 from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup
-from wal_engine.cli.operate import demo, migrate, replay, timeline, worker
+from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
 
 
@@ -22,8 +26,8 @@ def main() -> None:
     """wal-engine: durable LLM-agent tasks on a PostgreSQL write-ahead log."""
 
 
-for command in (demo, worker, submit, tasks, history, show, verify, signal, approve, cancel,
-                fork, replay, migrate, timeline):
+for command in (demo, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
+                signal, approve, cancel, fork, replay, migrate, timeline, bench):
     main.add_command(command)
 
 __all__ = ["main"]

@@ -1,18 +1,23 @@
-"""Reading commands: ``tasks``, ``history``, ``show``, ``verify``. None of them writes."""
+"""Reading commands: ``tasks``, ``history``, ``show``, ``verify`` (``--anchor``: see
+:mod:`wal_engine.cli.anchoring`). None of them writes."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Final
 
 import click
 from rich.table import Table
 
 from wal_engine import limits
+from wal_engine.anchor import load_public_key
 from wal_engine.chain import VerifyReport
+from wal_engine.cli.anchoring import check_anchor, read_anchor_file, read_key
 from wal_engine.cli.common import (
     EXIT_FINDING,
     console,
+    development_option,
     dsn_option,
     emit,
     json_option,
@@ -47,6 +52,7 @@ messages_shown_max: Final = 20
 @click.option("--after", "after_task_id", default="", metavar="TASK",
               help="List tasks whose id sorts after TASK (paging).")
 @dsn_option
+@development_option
 @json_option
 def tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
           dsn: str | None, as_json: bool) -> None:
@@ -83,6 +89,7 @@ async def _tasks(status: str | None, agent: str | None, limit: int, after_task_i
               help="First seq shown.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq shown.")
 @dsn_option
+@development_option
 @json_option
 def history(task_id: str, from_seq: int, to_seq: int | None, dsn: str | None,
             as_json: bool) -> None:
@@ -128,6 +135,7 @@ def _history_table(records: list[Any], *, show_header: bool) -> Table:
 @click.command()
 @click.argument("task_id", metavar="TASK")
 @dsn_option
+@development_option
 @json_option
 def show(task_id: str, dsn: str | None, as_json: bool) -> None:
     """Show a task's folded state: messages, step, pending calls, usage, what it waits on."""
@@ -219,24 +227,52 @@ def _plain(value: Any) -> str:
 @click.command()
 @click.argument("task_id", metavar="[TASK]", required=False)
 @click.option("--all", "all_tasks", is_flag=True, help="Verify every task.")
+@click.option("--anchor", "anchor_path", metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Check the database against an anchor (`wal-engine anchor`): a truncated "
+                   "tail, a rewritten chain, a lost task. Alone, it also verifies the chains "
+                   "of the anchored tasks; with TASK or --all, the chains of those.")
+@click.option("--public-key", "public_key_path", metavar="PEM_FILE",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="With --anchor: the anchor must be signed by this Ed25519 public key.")
 @dsn_option
+@development_option
 @json_option
-def verify(task_id: str | None, all_tasks: bool, dsn: str | None, as_json: bool) -> None:
-    """Verify hash chains, contiguous seqs and legal transitions; exit 1 on the first bad seq."""
-    if (task_id is None) == (not all_tasks):
+def verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
+           public_key_path: Path | None, dsn: str | None, as_json: bool) -> None:
+    """Verify hash chains, contiguous seqs and legal transitions; exit 1 on the first bad seq
+    (or, with --anchor, on anything the anchor saw that the database no longer holds)."""
+    if task_id is not None and all_tasks:
         raise click.UsageError("name a TASK or pass --all (not both)")
-    ok = run(_verify(task_id, dsn, as_json), dsn=dsn)
+    if anchor_path is None and task_id is None and not all_tasks:
+        raise click.UsageError("name a TASK, pass --all, or pass --anchor FILE")
+    if public_key_path is not None and anchor_path is None:
+        raise click.UsageError("--public-key needs --anchor FILE")
+    ok = run(_verify(task_id, all_tasks, anchor_path, public_key_path, dsn, as_json), dsn=dsn)
     if not ok:
         raise SystemExit(EXIT_FINDING)
 
 
-async def _verify(task_id: str | None, dsn: str | None, as_json: bool) -> bool:
+async def _verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
+                  public_key_path: Path | None, dsn: str | None, as_json: bool) -> bool:
+    # The anchor and the key are read first: a bad file is reported before connecting.
+    anchor = None if anchor_path is None else read_anchor_file(anchor_path)
+    public_key = None if public_key_path is None else read_key(load_public_key,
+                                                               public_key_path, "--public-key")
     async with open_engine(dsn) as engine:
+        ok = True
+        if anchor is not None and anchor_path is not None:
+            chains_named = task_id is not None or all_tasks
+            ok = await check_anchor(engine.database, anchor, anchor_path, public_key,
+                                    check_chains=not chains_named, as_json=as_json)
         if task_id is not None:
             report = await engine.store.verify_task(task_id)
             _print_verify(report, as_json, single=True)
-            return report.ok
-        return await _verify_all(engine.store, as_json)
+            return ok and report.ok
+        if all_tasks:
+            chains_ok = await _verify_all(engine.store, as_json)
+            return ok and chains_ok
+        return ok
 
 
 async def _verify_all(store: Store, as_json: bool) -> bool:

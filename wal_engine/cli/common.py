@@ -10,7 +10,8 @@ exit code, never a traceback. The codes:
 2     bad usage: an unknown option, bad JSON, an invalid input or budget
 3     refused: unknown task, a task id taken by another submission, a finished task
 4     the database: unreachable (the DSN is named without its password), no wal-engine
-      schema or another version of it, or a configuration the engine refuses
+      schema or another version of it, or a configuration the engine refuses (a role the
+      security self-test refuses, a missing optional package)
 70    an internal error (a bug: please report it; ``WAL_ENGINE_DEBUG=1`` prints its traceback)
 130   interrupted
 ====  ==================================================================================
@@ -43,6 +44,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.logs import configure_logging
+from wal_engine.security import DEVELOPMENT_ENV
 from wal_engine.store.connection import DSN_ENV, redact_dsn
 
 if TYPE_CHECKING:
@@ -66,6 +68,9 @@ cli_pool_size_max: Final = 4
 DEBUG_ENV: Final = "WAL_ENGINE_DEBUG"
 """Set to print the traceback of an internal error (a bug) before its one-line report."""
 
+DEVELOPMENT_META: Final = "wal_engine.development"
+"""Key of the click context's ``meta`` that ``--development`` sets."""
+
 
 class CliError(Exception):
     """An error the CLI reports as one line with its exit code."""
@@ -85,6 +90,35 @@ def dsn_option(function: F) -> F:
         "--dsn", envvar=DSN_ENV, default=None, metavar="DSN",
         help=f"PostgreSQL DSN (default: {DSN_ENV}, else the embedded server).",
     )(function)
+
+
+def development_option(function: F) -> F:
+    """``--development``: a refusal of the security self-test is only logged (a superuser
+    DSN on a laptop).
+
+    Without it the engine decides from the setup, as :func:`wal_engine.engine.connect`
+    does: the embedded server and ``WAL_ENGINE_DEVELOPMENT=1`` are development setups;
+    any other role that could rewrite the log (superuser, BYPASSRLS, owner) is refused.
+    """
+    return click.option(
+        "--development", is_flag=True, expose_value=False, callback=_remember_development,
+        help="Development setup: run even as a superuser or owner of the log (default: "
+             f"only on the embedded server or with {DEVELOPMENT_ENV}=1).",
+    )(function)
+
+
+def _remember_development(context: click.Context, _parameter: click.Parameter,
+                          value: bool) -> bool:
+    if value:
+        context.meta[DEVELOPMENT_META] = True
+    return value
+
+
+def development_requested() -> bool | None:
+    """True when the running command was given ``--development``; otherwise None, so the
+    engine decides from the setup (never False: the flag only relaxes, nothing tightens)."""
+    context = click.get_current_context(silent=True)
+    return True if context is not None and context.meta.get(DEVELOPMENT_META) else None
 
 
 def json_option(function: F) -> F:
@@ -219,11 +253,16 @@ class MainGroup(click.Group):
 
 @asynccontextmanager
 async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[Engine]:
-    """An engine on ``dsn`` that never migrates; writers insist on synchronous commit."""
+    """An engine on ``dsn`` that never migrates; writers insist on synchronous commit.
+
+    The security self-test runs as in any engine; ``--development`` (see
+    :func:`development_option`) lets a superuser or an owner of the log through.
+    """
     from wal_engine.engine import connect
 
     engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
-                           pool_size_max=cli_pool_size_max)
+                           pool_size_max=cli_pool_size_max,
+                           development=development_requested())
     try:
         yield engine
     finally:

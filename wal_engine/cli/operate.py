@@ -1,22 +1,29 @@
-"""Commands that run things: ``worker``, ``replay``, ``timeline``, ``migrate``, ``demo``."""
+"""Commands that run things: ``worker``, ``replay``, ``timeline``, ``migrate``, ``demo``,
+``bench``."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import msgspec
 
 from wal_engine.cli.common import (
+    EXIT_DATABASE,
     EXIT_FINDING,
     EXIT_USAGE,
     CliError,
     console,
+    development_option,
     dsn_option,
     emit,
+    fail,
     install_agents,
     json_option,
     open_engine,
@@ -26,6 +33,9 @@ from wal_engine.cli.common import (
 )
 from wal_engine.errors import SchemaMismatch
 from wal_engine.replay_check import ReplayReport, replay_timeout_s_default
+
+BENCHMARK_SUITE: Final = "benchmarks.suite"
+"""The side-by-side suite (``python -m benchmarks``), at the repository root, not in the wheel."""
 
 
 @click.command()
@@ -49,6 +59,7 @@ from wal_engine.replay_check import ReplayReport, replay_timeout_s_default
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True,
               help="Address the metrics server binds.")
 @dsn_option
+@development_option
 def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
            heartbeat_ms: int | None, poll_ms: int | None, until_idle: bool,
            metrics_port: int | None, metrics_addr: str, dsn: str | None) -> None:
@@ -89,6 +100,7 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), show_default=True,
               default=replay_timeout_s_default, help="Longest the code may run, in seconds.")
 @dsn_option
+@development_option
 @json_option
 def replay(task_id: str, agents_spec: str, timeout_s: float, dsn: str | None,
            as_json: bool) -> None:
@@ -147,6 +159,7 @@ def _print_replay(report: ReplayReport) -> None:
 @click.option("--from", "from_seq", type=click.IntRange(1), default=1, help="First seq drawn.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq drawn.")
 @dsn_option
+@development_option
 @json_option
 def timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
              dsn: str | None, as_json: bool) -> None:
@@ -218,3 +231,36 @@ def demo(dsn: str | None) -> None:
 
     if not run(run_demo(dsn=dsn), dsn=dsn):
         raise SystemExit(EXIT_FINDING)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+def bench(arguments: tuple[str, ...]) -> None:
+    """Run the benchmark suite side by side, as `python -m benchmarks ARGS` (from a checkout
+    of the repository; `wal-engine bench --help` lists its options: --quick, --dsn, ...)."""
+    entry = _benchmark_entry()
+    saved = sys.argv
+    sys.argv = ["wal-engine bench", *arguments]
+    try:
+        entry()  # Parses sys.argv like `python -m benchmarks`; exits with the suite's code.
+    finally:
+        sys.argv = saved
+
+
+def _benchmark_entry() -> Callable[[], None]:
+    """The suite's entry point, imported on demand (it pulls in the peers' harness)."""
+    hint = ("the benchmark suite lives in the repository (benchmarks/), not in the wheel: "
+            "run `wal-engine bench` from an editable install of a checkout "
+            "(pip install -e '.[bench]')")
+    try:
+        suite = importlib.import_module(BENCHMARK_SUITE)
+    except ModuleNotFoundError as error:
+        if error.name in ("benchmarks", BENCHMARK_SUITE):
+            fail(f"cannot import {BENCHMARK_SUITE}: {hint}", EXIT_DATABASE)
+        fail(f"the benchmark suite needs module {error.name!r}: pip install -e '.[bench]'",
+             EXIT_DATABASE)
+    entry: Callable[[], None] | None = getattr(suite, "entry", None)
+    if entry is None or not callable(entry):
+        fail(f"{BENCHMARK_SUITE} ({getattr(suite, '__file__', '?')}) has no entry(): {hint}",
+             EXIT_DATABASE)
+    return entry

@@ -13,6 +13,7 @@ import msgspec
 import orjson
 
 from replay.state import AgentState
+from wal_engine.anchor import Anchor, AnchorReport
 from wal_engine.chain import VerifyReport
 from wal_engine.store import EventRecord, TaskHead
 
@@ -165,4 +166,34 @@ def verify_json(report: VerifyReport) -> dict[str, Any]:
         "head_hash": report.head_hash.hex(),
         "violation": None if violation is None else {
             "seq": violation.seq, "kind": violation.kind, "detail": violation.detail},
+    }
+
+
+def anchor_json(anchor: Anchor, path: str) -> dict[str, Any]:
+    """What ``anchor --json`` says about the anchor it wrote (not its heads)."""
+    signature = anchor.signature
+    return {
+        "file": path,
+        "database": anchor.database,
+        "created_at": anchor.created_at,
+        "mode": anchor.mode,
+        "tasks": anchor.tasks,
+        "root": anchor.root,
+        "signed": signature is not None,
+        "public_key": None if signature is None else signature.public_key,
+    }
+
+
+def anchor_report_json(report: AnchorReport, anchor: Anchor, path: str) -> dict[str, Any]:
+    """The line of ``verify --anchor --json`` about the anchor (chain lines are separate)."""
+    return {
+        "anchor": path,
+        "ok": report.ok,
+        "anchored_tasks": report.anchored_tasks,
+        "signed": report.signed,
+        "mode": anchor.mode,
+        "created_at": anchor.created_at,
+        "root": anchor.root,
+        "findings": [{"task_id": finding.task_id, "seq": finding.seq, "kind": finding.kind,
+                      "detail": finding.detail} for finding in report.findings],
     }

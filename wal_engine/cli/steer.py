@@ -11,6 +11,7 @@ from wal_engine.cli.common import (
     EXIT_USAGE,
     CliError,
     console,
+    development_option,
     dsn_option,
     emit,
     install_agents,
@@ -55,6 +56,7 @@ def parse_budget(items: tuple[str, ...]) -> Budget | None:
 @click.option("--agents", "agents_spec", default=None, metavar="MODULE:ATTR",
               help="Load the agents to validate the input against the agent's input type.")
 @dsn_option
+@development_option
 @json_option
 def submit(agent: str, input_json: str, task_id: str | None, budget_items: tuple[str, ...],
            agents_spec: str | None, dsn: str | None, as_json: bool) -> None:
@@ -89,6 +91,7 @@ async def _submit(agent: str, input_json: str, task_id: str | None,
               help="The signal's payload as JSON.")
 @click.option("--dedup-key", default=None, help="Store a repeated delivery only once.")
 @dsn_option
+@development_option
 @json_option
 def signal(task_id: str, name: str, payload_json: str, dedup_key: str | None, dsn: str | None,
            as_json: bool) -> None:
@@ -115,6 +118,7 @@ async def _signal(task_id: str, name: str, payload_json: str, dedup_key: str | N
 @click.option("--reject", is_flag=True, help="Refuse the call instead (the task fails).")
 @click.option("--comment", default=None, help="A comment recorded with the decision.")
 @dsn_option
+@development_option
 @json_option
 def approve(task_id: str, call_id: str, approver: str, reject: bool, comment: str | None,
             dsn: str | None, as_json: bool) -> None:
@@ -140,6 +144,7 @@ async def _approve(task_id: str, call_id: str, approver: str, reject: bool,
 @click.option("--reason", default="cancelled", show_default=True, help="Recorded in the log.")
 @click.option("--by", "requested_by", default=None, help="Who cancels (recorded in the log).")
 @dsn_option
+@development_option
 @json_option
 def cancel(task_id: str, reason: str, requested_by: str | None, dsn: str | None,
            as_json: bool) -> None:
@@ -166,6 +171,7 @@ async def _cancel(task_id: str, reason: str, requested_by: str | None, dsn: str 
 @click.option("--at", "at_seq", type=click.IntRange(1), required=True, metavar="SEQ",
               help="Keep the history up to and including this seq.")
 @dsn_option
+@development_option
 @json_option
 def fork(task_id: str, at_seq: int, dsn: str | None, as_json: bool) -> None:
     """Start a new task from TASK's history up to SEQ (it continues with today's code)."""
