@@ -30,6 +30,51 @@ _encode_options: Final = orjson.OPT_SORT_KEYS
 
 def validate_json_value(value: Any, path: str = "$", depth: int = 0) -> None:
     """Raise :class:`InvalidPayload` unless ``value`` is a storable plain JSON value."""
+    if not _storable(value, depth):
+        _explain(value, path, depth)  # Raises, naming the JSON path of the first bad value.
+        raise InvalidPayload(path, "not a storable plain JSON value")
+
+
+def _storable(value: Any, depth: int) -> bool:
+    """Whether ``value`` is storable: the walk of every append, so it builds no paths."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value and (value.isascii() or _utf8(value))
+    if value is None or value is True or value is False:
+        return True
+    if kind is int:
+        return _int_min <= value <= _int_max
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        if depth >= limits.payload_depth_max:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or "\x00" in key or not (key.isascii() or _utf8(key)):
+                return False
+            if not _storable(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        if depth >= limits.payload_depth_max:
+            return False
+        for item in value:
+            if not _storable(item, depth + 1):
+                return False
+        return True
+    return False
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _explain(value: Any, path: str = "$", depth: int = 0) -> None:
+    """The slow walk, taken only for a value :func:`_storable` refused: raise with its path."""
     if value is None or value is True or value is False:
         return
     kind = type(value)
@@ -44,14 +89,14 @@ def validate_json_value(value: Any, path: str = "$", depth: int = 0) -> None:
     elif kind is list or kind is tuple:
         _check_depth(path, depth)
         for index, item in enumerate(value):
-            validate_json_value(item, f"{path}[{index}]", depth + 1)
+            _explain(item, f"{path}[{index}]", depth + 1)
     elif kind is dict:
         _check_depth(path, depth)
         for key, item in value.items():
             if type(key) is not str:
                 raise InvalidPayload(path, f"object key {key!r} is not a string")
             _check_text(key, path)
-            validate_json_value(item, f"{path}.{key}", depth + 1)
+            _explain(item, f"{path}.{key}", depth + 1)
     else:
         raise InvalidPayload(path, f"{kind.__name__} is not a plain JSON value")
 
