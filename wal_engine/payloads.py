@@ -43,7 +43,7 @@ def _storable(value: Any, depth: int) -> bool:
     if value is None or value is True or value is False:
         return True
     if kind is int:
-        return _int_min <= value <= _int_max
+        return bool(_int_min <= value <= _int_max)
     if kind is float:
         return math.isfinite(value)
     if kind is dict:
