@@ -72,6 +72,27 @@ def register(engine: Engine) -> None:
             await ctx.checkpoint(next_action=f"t{i + 1}")
         return total
 
+    async def hog(args: dict[str, Any]) -> Any:
+        """A service whose first answer is huge (``mib`` MiB built in memory, then held),
+        and small afterwards: the worker that receives it is OOM-killed (W8)."""
+        claim = current_call()
+        assert claim is not None
+        flag = f"hogged:{claim.key}"
+        first = await database.fetch("INSERT INTO fault_flags VALUES ($1) "
+                                     "ON CONFLICT DO NOTHING RETURNING name", flag)
+        if first:
+            huge = b"h" * (args["mib"] << 20)  # Touches every page: the RSS grows with it.
+            await asyncio.sleep(30)  # Held until the memory watchdog kills the process.
+            return len(huge)
+        return await effect("hog", args["mib"])
+
+    @engine.agent("hog")
+    async def hog_agent(ctx: AgentContext, task_input: Any) -> Any:
+        first = await ctx.tool("before", lambda a: effect("before", 1), {})
+        await ctx.checkpoint(next_action="hog")
+        size = await ctx.tool("hog", hog, {"mib": task_input["mib"]})
+        return first + size
+
     @engine.agent("zombie_target")
     async def zombie_target(ctx: AgentContext, task_input: Any) -> Any:
         first = await ctx.tool("first", lambda a: effect("first", 1), {})
