@@ -123,6 +123,13 @@ async def _resolutions(store: Any) -> dict[str, int]:
     return counts
 
 
+async def _progress_since(acks: AckRecorder, count: int, timeout_s: float) -> None:
+    """Wait until an append beyond ``count`` was acknowledged, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while acks.appends <= count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.timeout(300)
 async def test_n3_connection_resets_at_random(database_dsn: str) -> None:
     """Every proxied connection reset at random moments, 100 times: workers reconnect,
@@ -138,6 +145,10 @@ async def test_n3_connection_resets_at_random(database_dsn: str) -> None:
         async with _workers(engine, 2):
             while resets < 100:
                 await asyncio.sleep(random_source.uniform(0.02, 0.1))
+                # Faults at a fixed rate starve a slow (loaded) machine of progress until
+                # tasks exhaust their recovery attempts; reset again only once an append
+                # was acknowledged since the last reset (or after 5 s without one).
+                await _progress_since(acks, acks.appends, 5.0)
                 closed += proxy.reset()
                 resets += 1
                 if len(await harness.open(list(expected))) < 8:
