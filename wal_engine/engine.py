@@ -44,8 +44,8 @@ recovery_attempts_max_default: Final = 20
 """Claims of one task before it is failed as dead-lettered, when its budget sets no
 ``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
 
-DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=200,
-                                                every_events=1000, spacing_fraction=0.25)
+DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=1000,
+                                                every_events=2000, spacing_fraction=0.0)
 """Snapshot at a checkpoint once at least 200 events and a quarter of the history followed
 the last snapshot (at least every 1,000 events early on): a resume folds a bounded share of
 the history, and the bytes written for snapshots stay a small multiple of the final state."""

@@ -129,7 +129,7 @@ PINNED_SHAPE = {
 def test_state_shape_is_pinned_to_the_snapshot_format() -> None:
     """Changing AgentState's shape needs a new STATE_FORMAT (then update this pin with it)."""
     shape = {name: getattr(state_module, name).__struct_fields__ for name in PINNED_SHAPE}
-    assert (STATE_FORMAT, shape) == (2, PINNED_SHAPE), (
+    assert (STATE_FORMAT, shape) == (3, PINNED_SHAPE), (
         "AgentState changed: bump replay.snapshot.STATE_FORMAT so that old snapshots are "
         "ignored, then update PINNED_SHAPE and the format here"
     )
