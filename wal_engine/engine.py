@@ -46,9 +46,10 @@ recovery_attempts_max_default: Final = 20
 
 DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=1000,
                                                 every_events=2000, spacing_fraction=0.0)
-"""Snapshot at a checkpoint once at least 200 events and a quarter of the history followed
-the last snapshot (at least every 1,000 events early on): a resume folds a bounded share of
-the history, and the bytes written for snapshots stay a small multiple of the final state."""
+"""Snapshot at the first checkpoint 1,000 events after the last snapshot (at any status after
+2,000): a resume folds at most a few thousand events, and since a segmented snapshot writes
+only what was added since the previous one (plus one tail of under 128 items per growing
+collection), snapshots cost a constant per event however long the history."""
 
 
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):

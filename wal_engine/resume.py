@@ -216,10 +216,9 @@ class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
         min_events: Never snapshot fewer than this many events after the last one; spaces
             out "every checkpoint" for agents with tiny steps.
         spacing_fraction: Never snapshot fewer than this fraction of the last snapshot's
-            seq after it. A snapshot holds the whole state, which grows with the history, so
-            evenly spaced snapshots write O(n^2) bytes over a task's life; geometric spacing
-            writes a small multiple of the final state, while the tail a resume folds stays
-            within this fraction of the history (measured by benchmarks.suite).
+            seq after it (geometric spacing). Segmented snapshots write only what was added
+            since the previous one, so even spacing already costs a constant per event; the
+            default is 0 (docs/architecture.md, decisions 20 and 22).
         keep_latest: Snapshots kept per task (at least 1).
     """
 
