@@ -19,6 +19,8 @@
 --                     as jsonb for SQL audits.
 -- wal_snapshots       derived checkpoints (task_id, seq) -> encoded AgentState; can always be
 --                     rebuilt from wal_events.
+-- wal_snapshot_segments  immutable pieces of the growing collections of snapshots (task_id,
+--                     field, ordinal, digest) -> msgpack; shared by the task's snapshots.
 -- wal_idempotency     the side-effect gateway: key -> state, result, owner, epoch, times.
 -- wal_signals         inbox of signals (webhooks, approvals) for tasks; consumption is
 --                     recorded in the log (signal_received events), so rows never change.
@@ -141,6 +143,25 @@ CREATE TABLE IF NOT EXISTS wal_snapshots (
     PRIMARY KEY (task_id, seq)
 );
 
+-- ---- segmented snapshots (replay/snapshot.py, STATE_FORMAT 3) -----------------------------
+-- The growing collections of a snapshot's state (messages, calls, ...) are stored once per
+-- task in immutable segments of a fixed number of items; a snapshot row holds the rest of
+-- the state and lists the digests of its segments (wal_snapshots.segments), so that the
+-- statement writing a snapshot prunes the segments no kept snapshot refers to. The digest
+-- is the sha256 of the field, the ordinal and the bytes. Derived data, like wal_snapshots:
+-- rows are inserted and deleted, never updated (trigger wal_snapshot_segments_immutable).
+ALTER TABLE wal_snapshots ADD COLUMN IF NOT EXISTS segments bytea[];
+
+CREATE TABLE IF NOT EXISTS wal_snapshot_segments (
+    task_id text NOT NULL,
+    field   text NOT NULL CHECK (length(field) BETWEEN 1 AND 64),
+    ordinal integer NOT NULL CHECK (ordinal >= 0),
+    digest  bytea NOT NULL CHECK (octet_length(digest) = 32),
+    data    bytea NOT NULL,
+    PRIMARY KEY (task_id, field, ordinal, digest)
+);
+-- ---- end of segmented snapshots -----------------------------------------------------------
+
 CREATE TABLE IF NOT EXISTS wal_idempotency (
     key          text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 512),
     task_id      text,
@@ -257,6 +278,12 @@ CREATE OR REPLACE TRIGGER wal_signals_append_only
 CREATE OR REPLACE TRIGGER wal_signals_no_truncate
     BEFORE TRUNCATE ON wal_signals
     FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+
+-- Segmented snapshots: a segment never changes (a changed one is a new row, new digest);
+-- pruning deletes rows, so only UPDATE is refused.
+CREATE OR REPLACE TRIGGER wal_snapshot_segments_immutable
+    BEFORE UPDATE ON wal_snapshot_segments
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
 
 -- Append one event written by the database itself to a task the caller has locked FOR
 -- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the

@@ -32,6 +32,7 @@
 --                                     outcome columns: the dedup table is a work table
 --                                     (a released claim is deleted), not the log.
 --   wal_snapshots                     SELECT, INSERT, DELETE: derived data, pruned.
+--   wal_snapshot_segments             SELECT, INSERT, DELETE: derived data, pruned.
 --   wal_signals                       SELECT: signals are written by wal_send_signal only.
 --   wal_schema_version, wal_transitions  SELECT.
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
@@ -128,6 +129,7 @@ BEGIN
                    'wake_at, waiting_signal, lease_owner, lease_expires_at) ON wal_tasks TO %I',
                    app_role);
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_snapshots TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_snapshot_segments TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_idempotency TO %I', app_role);
     EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
                    'completed_at) ON wal_idempotency TO %I', app_role);

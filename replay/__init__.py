@@ -7,7 +7,8 @@ machine, payloads, errors, ids, limits). A test checks that importing it loads n
 * :mod:`replay.state`: :class:`AgentState`, the checkpoint content.
 * :mod:`replay.fold`: :func:`fold`, :func:`apply`, :class:`StateBuilder` (strict, total).
 * :mod:`replay.upcasting`: lifting stored payloads of old event versions.
-* :mod:`replay.snapshot`: :func:`encode_state` / :func:`decode_state` (msgpack).
+* :mod:`replay.snapshot`: :func:`encode_state` / :func:`decode_state` (the whole state as one
+  msgpack blob); ``encode_snapshot`` / ``decode_snapshot`` (segmented, as stored).
 * :mod:`replay.journal`: the journal cursor matching re-run code to recorded calls.
 * :mod:`replay.divergence`: :class:`NonDeterminismError`.
 """

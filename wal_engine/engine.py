@@ -44,11 +44,12 @@ recovery_attempts_max_default: Final = 20
 """Claims of one task before it is failed as dead-lettered, when its budget sets no
 ``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
 
-DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=200,
-                                                every_events=1000, spacing_fraction=0.25)
-"""Snapshot at a checkpoint once at least 200 events and a quarter of the history followed
-the last snapshot (at least every 1,000 events early on): a resume folds a bounded share of
-the history, and the bytes written for snapshots stay a small multiple of the final state."""
+DEFAULT_SNAPSHOT_POLICY: Final = SnapshotPolicy(on_checkpoint=True, min_events=1000,
+                                                every_events=2000, spacing_fraction=0.0)
+"""Snapshot at the first checkpoint 1,000 events after the last snapshot (at any status after
+2,000): a resume folds at most a few thousand events, and since a segmented snapshot writes
+only what was added since the previous one (plus one tail of under 128 items per growing
+collection), snapshots cost a constant per event however long the history."""
 
 
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):

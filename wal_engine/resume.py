@@ -8,15 +8,19 @@ snapshot is never read from seq 1. The folded state is checked against the head:
 same hash, same status; and the snapshot against the log: its hash is the stored hash of
 its seq.
 
-**Snapshots** (``wal_snapshots``) hold the full :class:`~replay.state.AgentState` at a seq,
-msgpack-encoded. They are derived data: any of them can be deleted and rebuilt from the
-log. The log rows of a step hold only that step's events, so the log grows by a constant
-per step; a snapshot, being the full state, grows with the history. Writing one at every
-checkpoint and keeping them all would store O(steps x state); :func:`save_snapshot`
-therefore keeps only the latest ``keep_latest`` snapshots of the task (a DELETE in the same
-statement), so snapshot storage stays at most ``keep_latest`` states per task. The write
-volume per snapshot is one state; :class:`SnapshotPolicy` spaces snapshots out (every
-checkpoint, every N events, never closer than M events) to bound it per event.
+**Snapshots** (``wal_snapshots`` and ``wal_snapshot_segments``) hold the
+:class:`~replay.state.AgentState` at a seq, msgpack-encoded and segmented
+(:mod:`replay.snapshot`): the collections that grow with the history live in immutable
+segments shared by the task's snapshots, and the snapshot row holds the rest of the state,
+the collections' tails and the digests of its segments. They are derived data: any of them
+can be deleted and rebuilt from the log. The log rows of a step hold only that step's
+events, so the log grows by a constant per step; a snapshot writes only the segments its
+writer has not stored yet (the items added since its previous snapshot) plus its row, so it
+too costs a constant per step, whatever the length of the history. :func:`save_snapshot`
+writes the new segments and the row, keeps only the latest ``keep_latest`` snapshots of
+the task and deletes the segments no kept snapshot refers to, in one statement.
+:class:`SnapshotPolicy` spaces snapshots out (every checkpoint, every N events, never
+closer than M events).
 
 **Forks** (:func:`fork`) start a new task from a prefix of another's history: the parent's
 events 1..at_seq, re-chained under the child's task id, the first one (``task_submitted``)
@@ -38,7 +42,13 @@ import msgspec
 import orjson
 
 from replay.fold import StateBuilder
-from replay.snapshot import STATE_FORMAT, decode_state, encode_state
+from replay.snapshot import (
+    STATE_FORMAT,
+    EncodedSnapshot,
+    Segment,
+    SnapshotSegments,
+    decode_snapshot,
+)
 from replay.state import AgentState
 from replay.upcasting import UpcasterRegistry, upcasters
 from wal_engine import events as vocabulary
@@ -61,11 +71,12 @@ resume_page_events: Final = 2000
 snapshots_kept_default: Final = 2
 """Snapshots kept per task: the latest, and one spare."""
 
-# The head, the latest usable snapshot and the first page of the tail, in one statement
-# (one consistent MVCC snapshot). The first row (seq 0) carries the head and the snapshot;
-# the next rows are the tail's events. Rows, not arrays: asyncpg introspects array types on
-# every new connection, which cost 6 ms per resume (measured). $2 is the snapshot format,
-# $3 the page size.
+# The head, the latest usable snapshot with its segments, and the first page of the tail, in
+# one statement (one consistent MVCC snapshot). The row of seq 0 carries the head and the
+# snapshot row; rows of seq -1 are the snapshot's segments (field in ``type``, ordinal in
+# ``head_seq``, digest in ``hash``, bytes in ``payload``); the rows of seq 1 and up are the
+# tail's events. Rows, not arrays: asyncpg introspects array types on every new connection,
+# which cost 6 ms per resume (measured). $2 is the snapshot format, $3 the page size.
 RESUME_HEAD: Final = """
 WITH head AS (
     SELECT t.task_id, t.status, last.seq AS head_seq, last.hash AS head_hash
@@ -74,7 +85,7 @@ WITH head AS (
                           ORDER BY e.seq DESC LIMIT 1) AS last
      WHERE t.task_id = $1
 ), snapshot AS (
-    SELECT s.seq, s.state FROM wal_snapshots s, head
+    SELECT s.seq, s.state, s.segments FROM wal_snapshots s, head
      WHERE s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
      ORDER BY s.seq DESC
      LIMIT 1
@@ -84,6 +95,10 @@ SELECT 0::int8 AS seq, head.status AS type, 0::int2 AS version, snapshot.state A
        (SELECT e.hash FROM wal_events e
          WHERE e.task_id = head.task_id AND e.seq = snapshot.seq) AS snapshot_hash
   FROM head LEFT JOIN snapshot ON true
+UNION ALL
+SELECT -1::int8, g.field, 0::int2, g.data, g.digest, g.ordinal::int8, NULL, NULL
+  FROM wal_snapshot_segments g, snapshot
+ WHERE g.task_id = $1 AND g.digest = ANY (snapshot.segments)
 UNION ALL
 (SELECT e.seq, e.type, e.version, e.payload, e.hash, NULL, NULL, NULL
    FROM wal_events e, head
@@ -100,13 +115,31 @@ SELECT seq, type, version, payload, hash FROM wal_events
  LIMIT $4
 """
 
-# Insert a snapshot (a second writer of the same seq wrote the same bytes: keep the first)
-# and delete the task's snapshots older than the newest $5 - 1 below it. In steady state
-# the DELETE removes at most one row.
+# Write a snapshot in one statement: insert the segments the writer does not know to be
+# stored ($7-$10, unnest arrays; one already stored is skipped), then the snapshot row
+# listing the digests of all its segments ($6; a second writer of the same seq wrote the
+# same bytes: keep the first), delete the task's snapshots older than the newest $5 - 1
+# below it, and delete the task's segments that no remaining snapshot refers to. Every part
+# sees the table as it was before the statement: a segment referenced by the new row but
+# neither sent nor already stored is "missing", and then nothing but the sent segments is
+# written (the caller sends them all and tries again). In steady state the DELETEs remove
+# at most one snapshot row and the segments only it referred to (a segment that changed).
 SAVE_SNAPSHOT: Final = """
-WITH inserted AS (
-    INSERT INTO wal_snapshots (task_id, seq, state, state_format)
-    VALUES ($1, $2, $3, $4)
+WITH missing AS (
+    SELECT count(*) AS n FROM unnest($6::bytea[]) AS r(digest)
+     WHERE r.digest <> ALL ($9::bytea[])
+       AND NOT EXISTS (SELECT 1 FROM wal_snapshot_segments g
+                        WHERE g.task_id = $1 AND g.digest = r.digest)
+), segments AS (
+    INSERT INTO wal_snapshot_segments (task_id, field, ordinal, digest, data)
+    SELECT $1, n.field, n.ordinal, n.digest, n.data
+      FROM unnest($7::text[], $8::int4[], $9::bytea[], $10::bytea[])
+           AS n(field, ordinal, digest, data)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), inserted AS (
+    INSERT INTO wal_snapshots (task_id, seq, state, state_format, segments)
+    SELECT $1, $2, $3, $4, $6 FROM missing WHERE missing.n = 0
     ON CONFLICT (task_id, seq) DO NOTHING
     RETURNING seq
 ), kept AS (
@@ -117,12 +150,27 @@ WITH inserted AS (
 ), pruned AS (
     DELETE FROM wal_snapshots
      WHERE task_id = $1 AND seq < $2 AND seq NOT IN (SELECT seq FROM kept)
+       AND (SELECT n FROM missing) = 0
     RETURNING seq
+), unreferenced AS (
+    DELETE FROM wal_snapshot_segments g
+     WHERE g.task_id = $1 AND (SELECT n FROM missing) = 0
+       AND g.digest <> ALL ($6::bytea[])
+       AND NOT EXISTS (SELECT 1 FROM wal_snapshots s
+                        WHERE s.task_id = $1 AND g.digest = ANY (s.segments)
+                          AND s.seq NOT IN (SELECT seq FROM pruned))
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned) AS pruned
+SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned) AS pruned,
+       (SELECT count(*) FROM segments) AS segments_written,
+       (SELECT count(*) FROM unreferenced) AS segments_pruned,
+       (SELECT n FROM missing) AS missing
 """
 
-DELETE_SNAPSHOTS: Final = "DELETE FROM wal_snapshots WHERE task_id = $1"
+DELETE_SNAPSHOTS: Final = """
+WITH snapshots AS (DELETE FROM wal_snapshots WHERE task_id = $1 RETURNING 1)
+DELETE FROM wal_snapshot_segments WHERE task_id = $1
+"""
 
 LATEST_SNAPSHOT_SEQ: Final = """
 SELECT max(seq) AS seq FROM wal_snapshots WHERE task_id = $1 AND state_format = $2
@@ -168,10 +216,9 @@ class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
         min_events: Never snapshot fewer than this many events after the last one; spaces
             out "every checkpoint" for agents with tiny steps.
         spacing_fraction: Never snapshot fewer than this fraction of the last snapshot's
-            seq after it. A snapshot holds the whole state, which grows with the history, so
-            evenly spaced snapshots write O(n^2) bytes over a task's life; geometric spacing
-            writes a small multiple of the final state, while the tail a resume folds stays
-            within this fraction of the history (measured by benchmarks.suite).
+            seq after it (geometric spacing). Segmented snapshots write only what was added
+            since the previous one, so even spacing already costs a constant per event; the
+            default is 0 (docs/architecture.md, decisions 20 and 22).
         keep_latest: Snapshots kept per task (at least 1).
     """
 
@@ -197,29 +244,62 @@ class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def save_snapshot(
-    database: Database, state: AgentState, *, keep_latest: int = snapshots_kept_default
+    database: Database,
+    state: AgentState,
+    *,
+    keep_latest: int = snapshots_kept_default,
+    segments: SnapshotSegments | None = None,
 ) -> bool:
     """Store ``state`` as the task's snapshot at ``state.last_seq``; prune older ones.
 
     Keeps the ``keep_latest`` newest snapshots at or below this one (snapshots are derived
-    data). Returns False when a snapshot at that seq already existed.
+    data) and the segments they refer to. ``segments`` is the writer's memory of the
+    task's segments (one per task run, see :class:`~replay.snapshot.SnapshotSegments`):
+    with it, only the segments not yet stored are encoded and sent; without it, all are
+    sent and the store skips those it holds. One statement, one round trip; a second only
+    when the writer's memory was wrong (a segment it thought stored had been deleted).
+    Returns False when a snapshot at that seq already existed.
     """
     if state.last_seq < 1:
         raise ValueError("a snapshot needs a state at seq 1 or later")
+    known = segments if segments is not None else SnapshotSegments()
+    encoded = known.encode(state)
+    row = await _write_snapshot(database, state, encoded, keep_latest)
+    if row["missing"]:
+        known.forget_stored()
+        encoded = known.encode(state)
+        row = await _write_snapshot(database, state, encoded, keep_latest)
+        if row["missing"]:
+            raise SnapshotCorrupt(state.task_id, state.last_seq,
+                                  "its segments vanished while it was written")
+    known.stored_as(encoded)
+    return bool(row["inserted"])
+
+
+async def _write_snapshot(database: Database, state: AgentState, encoded: EncodedSnapshot,
+                          keep_latest: int) -> Any:
+    new: list[Segment] = encoded.new
     rows = await database.fetch(
-        SAVE_SNAPSHOT, state.task_id, state.last_seq, encode_state(state), STATE_FORMAT,
-        max(1, keep_latest), task_id=state.task_id,
+        SAVE_SNAPSHOT, state.task_id, state.last_seq, encoded.head, STATE_FORMAT,
+        max(1, keep_latest), encoded.digests, [segment.field for segment in new],
+        [segment.ordinal for segment in new], [segment.digest for segment in new],
+        [segment.data for segment in new], task_id=state.task_id,
     )
-    return bool(rows[0]["inserted"])
+    return rows[0]
 
 
 async def save_snapshot_if_due(
-    database: Database, state: AgentState, policy: SnapshotPolicy, last_snapshot_seq: int
+    database: Database,
+    state: AgentState,
+    policy: SnapshotPolicy,
+    last_snapshot_seq: int,
+    *,
+    segments: SnapshotSegments | None = None,
 ) -> bool:
     """Apply ``policy``: save a snapshot of ``state`` when one is due. Returns whether saved."""
     if not policy.due(state, last_snapshot_seq):
         return False
-    await save_snapshot(database, state, keep_latest=policy.keep_latest)
+    await save_snapshot(database, state, keep_latest=policy.keep_latest, segments=segments)
     return True
 
 
@@ -245,6 +325,8 @@ class ResumedState(msgspec.Struct, frozen=True, kw_only=True):
     """Seq of the snapshot resumed from, or None when the whole log was folded."""
     events_folded: int
     round_trips: int
+    segments: SnapshotSegments
+    """What the snapshot's segments were (for the run's next snapshot: not re-sent)."""
 
 
 async def resume(store: Store, task_id: str) -> AgentState:
@@ -278,8 +360,12 @@ async def read_state(
     if not rows:
         raise UnknownTask(task_id)
     rows.sort(key=_seq_of)  # UNION ALL keeps this order in practice; make sure of it.
-    head, items = rows[0], rows[1:]
-    start = _snapshot_state(task_id, head)
+    first = 0
+    while rows[first][0] < 0:
+        first += 1
+    head, items = rows[first], rows[first + 1:]
+    known = SnapshotSegments()
+    start = _snapshot_state(task_id, head, rows[:first], known)
     builder = StateBuilder(start, task_id=task_id, registry=registry)
     builder.extend(_decoded(items, registry))
     folded, round_trips = len(items), 1
@@ -292,7 +378,7 @@ async def read_state(
     state = builder.finish()
     _check_head(state, head)
     return ResumedState(state=state, snapshot_seq=None if start is None else start.last_seq,
-                        events_folded=folded, round_trips=round_trips)
+                        events_folded=folded, round_trips=round_trips, segments=known)
 
 
 def _seq_of(row: Any) -> int:
@@ -308,12 +394,15 @@ def _decoded(
         yield seq, registry.decode_record(row[1], row[2], row[3], seq), row[4]
 
 
-def _snapshot_state(task_id: str, row: Any) -> AgentState | None:
-    """Decode the snapshot of a RESUME_HEAD row and check it against the log."""
+def _snapshot_state(task_id: str, row: Any, segment_rows: list[Any],
+                    known: SnapshotSegments) -> AgentState | None:
+    """Assemble the snapshot of RESUME_HEAD's rows and check it against the log."""
     seq = row["snapshot_seq"]
     if seq is None:
         return None
-    state = decode_state(row["payload"], task_id=task_id, seq=seq)
+    segments = (Segment(field=item[1], ordinal=item[5], digest=item[4], data=item[3])
+                for item in segment_rows)
+    state = decode_snapshot(row["payload"], segments, task_id=task_id, seq=seq, known=known)
     if state.task_id != task_id or state.last_seq != seq:
         raise SnapshotCorrupt(task_id, seq, f"it holds task {state.task_id!r} at seq "
                                             f"{state.last_seq}")

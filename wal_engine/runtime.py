@@ -24,6 +24,7 @@ import structlog
 from replay.divergence import NonDeterminismError
 from replay.fold import StateBuilder
 from replay.journal import Journal
+from replay.snapshot import SnapshotSegments
 from replay.state import AgentState
 from wal_engine import events as ev
 from wal_engine import metrics
@@ -109,6 +110,8 @@ class TaskRun:
         self.last_appended: list[ev.Event] = []
         """The events of the last append as recorded (redacted)."""
         self.last_snapshot_seq = 0
+        self.snapshot_segments: SnapshotSegments = SnapshotSegments()
+        """The segments this run's snapshots stored (or its resume read): not re-sent."""
 
     # ------------------------------------------------------------------ control
 
@@ -163,6 +166,7 @@ class TaskRun:
         state = resumed.state
         metrics.resumed(resumed.events_folded, resumed.snapshot_seq is not None)
         self.last_snapshot_seq = resumed.snapshot_seq or 0
+        self.snapshot_segments = resumed.segments
         if state.last_seq != self.head_seq:
             self.fence(f"log moved past the claim (seq {state.last_seq} != {self.head_seq})")
             return
@@ -396,7 +400,7 @@ class TaskRun:
         if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):
             return  # Cheap test first: the policy itself needs a copy of the state.
         if await save_snapshot_if_due(self.engine.database, self.state, policy,
-                                      self.last_snapshot_seq):
+                                      self.last_snapshot_seq, segments=self.snapshot_segments):
             self.last_snapshot_seq = self.head_seq
 
     def adopt_append(self, event: ev.Event, result: Any) -> None:

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from replay import AgentState, UpcasterRegistry, encode_state, fold
-from replay.snapshot import STATE_FORMAT
+from replay import snapshot as snapshot_module
+from replay.snapshot import STATE_FORMAT, SnapshotSegments
 from tests.helpers import claim
 from tests.strategies import histories
 from wal_engine import events as ev
@@ -143,8 +144,10 @@ async def test_resume_is_the_same_with_and_without_snapshot(
     task_id = await seeded(store, [event for _, event in history[2:]], submitted=submitted)
     plain = await read_state(store, task_id)
     at = data.draw(st.integers(1, len(history)), label="snapshot seq")
-    await save_snapshot(store.database, await folded(store, task_id, at))
-    with_snapshot = await read_state(store, task_id)
+    with pytest.MonkeyPatch.context() as patch:  # Tiny segments: every field segmented.
+        patch.setattr(snapshot_module, "segment_items", data.draw(st.integers(1, 3)))
+        await save_snapshot(store.database, await folded(store, task_id, at))
+        with_snapshot = await read_state(store, task_id)
     assert with_snapshot.snapshot_seq == at
     assert with_snapshot.state == plain.state == await folded(store, task_id)
     assert encode_state(with_snapshot.state) == encode_state(plain.state)
@@ -222,6 +225,133 @@ async def test_corrupt_snapshot_is_reported_not_swallowed(store: Store) -> None:
     with pytest.raises(SnapshotCorrupt, match="hash"):
         await resume(store, task_id)
     await delete_snapshots(store.database, task_id)
+    assert await resume(store, task_id) == await folded(store, task_id)
+
+
+# ----------------------------------------------------------------------------- segments
+
+
+async def _segments(database: Database, task_id: str) -> list[tuple[str, int, bytes, int]]:
+    rows = await database.fetch(
+        "SELECT field, ordinal, digest, octet_length(data) AS size FROM wal_snapshot_segments"
+        " WHERE task_id = $1 ORDER BY field, ordinal, digest", task_id)
+    return [(row["field"], row["ordinal"], row["digest"], row["size"]) for row in rows]
+
+
+async def _referenced(database: Database, task_id: str) -> set[bytes]:
+    rows = await database.fetch(
+        "SELECT DISTINCT unnest(segments) AS digest FROM wal_snapshots WHERE task_id = $1",
+        task_id)
+    return {row["digest"] for row in rows}
+
+
+async def test_consecutive_snapshots_store_shared_segments_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later snapshot refers to its predecessor's segments instead of storing them again."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    task_id = await seeded(store, steps(6))
+    writer = SnapshotSegments()
+    first = await folded(store, task_id, 30)
+    await save_snapshot(store.database, first, segments=writer)
+    stored = await _segments(store.database, task_id)
+    assert len(stored) == 1 + 2  # 4 messages, 8 calls at seq 30.
+    last = await folded(store, task_id)
+    to_send = writer.encode(last).new
+    assert {segment.digest for segment in to_send}.isdisjoint(row[2] for row in stored)
+    await save_snapshot(store.database, last, segments=writer)
+    after = await _segments(store.database, task_id)
+    assert len(after) == len(stored) + len(to_send) == 1 + 3  # 6 messages, 12 calls.
+    assert set(stored) <= set(after)
+    assert {row[2] for row in after} == await _referenced(store.database, task_id)
+    assert sum(row[3] for row in after) == (sum(row[3] for row in stored)
+                                            + sum(len(segment.data) for segment in to_send))
+    resumed = await read_state(store, task_id)
+    assert resumed.state == last and resumed.segments.encode(last).new == []
+
+
+async def test_changed_pending_call_gets_a_new_segment_and_the_old_one_is_pruned(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment holding a pending call changes digest when the call completes; the old
+    segment goes once no kept snapshot refers to it."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 2)
+    task_id = await seeded(store, [
+        ev.ToolCallIntended(call_id="a", tool="t", args_hash="h", idempotency_key="ka"),
+        ev.ToolCallIntended(call_id="b", tool="t", args_hash="h", idempotency_key="kb"),
+        ev.ToolCallCompleted(call_id="a", result=1),
+        ev.MessageAppended(role="user", content="x"),
+        ev.MessageAppended(role="user", content="y"),
+    ])
+
+    async def calls_digests() -> list[bytes]:
+        return [row[2] for row in await _segments(store.database, task_id) if row[0] == "calls"]
+
+    await save_snapshot(store.database, await folded(store, task_id, 4), keep_latest=2)
+    (pending,) = await calls_digests()
+    await save_snapshot(store.database, await folded(store, task_id, 5), keep_latest=2)
+    assert len(await calls_digests()) == 2 and pending in await calls_digests()
+    await save_snapshot(store.database, await folded(store, task_id, 7), keep_latest=2)
+    (completed,) = await calls_digests()
+    assert completed != pending
+    assert {row[2] for row in await _segments(store.database, task_id)} == \
+        await _referenced(store.database, task_id)
+    assert await resume(store, task_id) == await folded(store, task_id)
+
+
+async def test_missing_or_altered_segment_makes_resume_raise(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleted or altered segment row is a corrupt snapshot (reported, as any other)."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 2)
+    task_id = await seeded(store, steps(2))
+    state = await folded(store, task_id, 15)
+    await save_snapshot(store.database, state)
+    await store.database.fetch(
+        "DELETE FROM wal_snapshot_segments WHERE task_id = $1 AND field = 'calls'"
+        " AND ordinal = 1", task_id)
+    with pytest.raises(SnapshotCorrupt, match="missing") as caught:
+        await resume(store, task_id)
+    assert caught.value.seq == 15
+    await delete_snapshots(store.database, task_id)
+    assert await _segments(store.database, task_id) == []
+    await save_snapshot(store.database, state)
+    await store.database.fetch(
+        "WITH gone AS (DELETE FROM wal_snapshot_segments WHERE task_id = $1"
+        " AND field = 'messages' RETURNING *)"
+        " INSERT INTO wal_snapshot_segments SELECT task_id, field, ordinal, digest,"
+        " data || '\\x00'::bytea FROM gone", task_id)
+    with pytest.raises(SnapshotCorrupt, match="digest"):
+        await resume(store, task_id)
+
+
+async def test_writer_whose_segments_vanished_sends_them_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that believes segments stored (they were deleted meanwhile) writes a whole
+    snapshot anyway: the store refuses the row, the writer sends every segment."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 2)
+    task_id = await seeded(store, steps(3))
+    writer = SnapshotSegments()
+    await save_snapshot(store.database, await folded(store, task_id, 16), segments=writer)
+    await delete_snapshots(store.database, task_id)
+    assert await save_snapshot(store.database, await folded(store, task_id), segments=writer)
+    resumed = await read_state(store, task_id)
+    assert resumed.snapshot_seq == 23 and resumed.state == await folded(store, task_id)
+
+
+async def test_fork_of_a_task_with_segmented_snapshots(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forking reads the log, not snapshots; both parent and child resume to their folds."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 2)
+    task_id = await seeded(store, steps(3))
+    await save_snapshot(store.database, await folded(store, task_id, 16))
+    child = await fork(store, task_id, 16)
+    assert await resume(store, child) == await folded(store, child)
+    await save_snapshot(store.database, await folded(store, child))
+    assert (await read_state(store, child)).snapshot_seq is not None
+    assert await resume(store, child) == await folded(store, child)
     assert await resume(store, task_id) == await folded(store, task_id)
 
 

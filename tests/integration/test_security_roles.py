@@ -61,6 +61,8 @@ FORBIDDEN_FOR_APP = [
     "UPDATE wal_idempotency SET key = 'x'",
     "TRUNCATE wal_snapshots",
     "UPDATE wal_snapshots SET seq = 1",
+    "TRUNCATE wal_snapshot_segments",
+    "UPDATE wal_snapshot_segments SET ordinal = 1",
     "INSERT INTO wal_transitions VALUES ('COMPLETED', 'RUNNING')",
     "DELETE FROM wal_transitions",
     "UPDATE wal_schema_version SET checksum = 'x'",

@@ -12,9 +12,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from replay import AgentState, decode_state, encode_state, fold
+from replay import AgentState, apply, decode_state, encode_state, fold
+from replay import snapshot as snapshot_module
 from replay import state as state_module
-from replay.snapshot import STATE_FORMAT, gc_paused
+from replay.snapshot import (
+    STATE_FORMAT,
+    SegmentRef,
+    SnapshotSegments,
+    decode_snapshot,
+    encode_snapshot,
+    gc_paused,
+    segment_digest,
+)
 from wal_engine import events as ev
 from wal_engine.errors import SnapshotCorrupt
 from wal_engine.resume import SnapshotPolicy
@@ -129,7 +138,88 @@ PINNED_SHAPE = {
 def test_state_shape_is_pinned_to_the_snapshot_format() -> None:
     """Changing AgentState's shape needs a new STATE_FORMAT (then update this pin with it)."""
     shape = {name: getattr(state_module, name).__struct_fields__ for name in PINNED_SHAPE}
-    assert (STATE_FORMAT, shape) == (2, PINNED_SHAPE), (
+    assert (STATE_FORMAT, shape) == (3, PINNED_SHAPE), (
         "AgentState changed: bump replay.snapshot.STATE_FORMAT so that old snapshots are "
         "ignored, then update PINNED_SHAPE and the format here"
     )
+
+
+# ----------------------------------------------------------------------------- segments
+
+
+def _long_history(count: int) -> list[ev.Event]:
+    """``count`` messages and tool calls (the last one left pending)."""
+    history: list[ev.Event] = [ev.TaskSubmitted(agent="a"), ev.TaskClaimed(worker_id="w")]
+    for n in range(count):
+        history += [ev.MessageAppended(role="user", content=f"m{n}"),
+                    ev.ToolCallIntended(call_id=f"c{count - n}", tool="t", args_hash="h",
+                                        idempotency_key=f"k{n}")]
+        if n < count - 1:
+            history.append(ev.ToolCallCompleted(call_id=f"c{count - n}", result={"n": n}))
+    return history
+
+
+def test_segmented_round_trip_keeps_state_and_call_order(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Segments plus tails assemble to the same state, calls in order; bytes deterministic."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    state = fold(list(enumerate(_long_history(11), 1)), task_id="t")
+    encoded = encode_snapshot(state)
+    assert [(ref.field, ref.ordinal) for ref in encoded.refs] == [
+        ("messages", 0), ("messages", 1), ("calls", 0), ("calls", 1)]
+    assert len(encoded.new) == 4
+    decoded = decode_snapshot(encoded.head, reversed(encoded.new))
+    assert decoded == state and list(decoded.calls) == list(state.calls)
+    again = encode_snapshot(fold(list(enumerate(_long_history(11), 1)), task_id="t"))
+    assert again == encoded
+
+
+def test_writer_memory_skips_stored_segments_and_sees_changes(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Stored, unchanged segments are neither re-encoded nor re-sent; a changed one is."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    history = _long_history(8)  # Call c1 (8th call, calls segment 1) stays pending.
+    state = fold(list(enumerate(history, 1)), task_id="t")
+    segments = SnapshotSegments()
+    first = segments.encode(state)
+    segments.stored_as(first)
+    assert segments.encode(state).new == []
+    completed = apply(state, ev.ToolCallCompleted(call_id="c1", result=1), seq=len(history) + 1)
+    second = segments.encode(completed)
+    assert [(s.field, s.ordinal) for s in second.new] == [("calls", 1)]
+    assert second.new[0].digest != first.refs[3].digest
+    assert second.refs[:3] == first.refs[:3]
+
+
+def test_resume_memory_learns_decoded_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer seeded by decoding a snapshot sends nothing for the same state."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    state = fold(list(enumerate(_long_history(9), 1)), task_id="t")
+    encoded = encode_snapshot(state)
+    known = SnapshotSegments()
+    decoded = decode_snapshot(encoded.head, encoded.new, known=known)
+    assert known.encode(decoded) == msgspec.structs.replace(encoded, new=[])
+
+
+def test_missing_altered_or_misplaced_segments_are_corrupt(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """A segment missing, not matching its digest, or short raises SnapshotCorrupt."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    encoded = encode_snapshot(fold(list(enumerate(_long_history(9), 1)), task_id="t"))
+    with pytest.raises(SnapshotCorrupt, match="missing"):
+        decode_snapshot(encoded.head, encoded.new[1:], task_id="t", seq=3)
+    altered = msgspec.structs.replace(encoded.new[0], data=encoded.new[0].data + b"\x00")
+    with pytest.raises(SnapshotCorrupt, match="digest"):
+        decode_snapshot(encoded.head, [altered, *encoded.new[1:]])
+    moved = msgspec.structs.replace(encoded.new[0], ordinal=1)
+    with pytest.raises(SnapshotCorrupt, match="out of place"):
+        decode_snapshot(encoded.head, [moved, *encoded.new[1:]])
+    short_data = snapshot_module._encoder.encode([])
+    short = snapshot_module.Segment(field="messages", ordinal=0, data=short_data,
+                                    digest=segment_digest("messages", 0, short_data))
+    head = snapshot_module._encoder.encode(snapshot_module._SnapshotHead(
+        AgentState(task_id="t"), [SegmentRef("messages", 0, short.digest)]))
+    with pytest.raises(SnapshotCorrupt, match="holds 0 items"):
+        decode_snapshot(head, [short])
+    with pytest.raises(SnapshotCorrupt):
+        decode_snapshot(b"\xc1", [])
