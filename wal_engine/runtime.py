@@ -36,6 +36,7 @@ from wal_engine.errors import (
     DatabaseUnavailable,
     InvalidPayload,
     LeaseLost,
+    SnapshotCorrupt,
     UnknownTask,
 )
 from wal_engine.redaction import Redactor, default_redactor, redact_event, redact_text
@@ -46,6 +47,7 @@ from wal_engine.store.store import check_history_bound
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
+    from wal_engine.resume import ResumedState
     from wal_engine.worker import Worker
 
 log = structlog.get_logger(__name__)
@@ -155,11 +157,10 @@ class TaskRun:
     async def execute(self) -> None:
         """Run the task until it finishes, waits, is handed back or is fenced."""
         from wal_engine.context import AgentContext
-        from wal_engine.resume import read_state
 
         definition = self.engine.agents.get(self.agent)
         try:
-            resumed = await read_state(self.engine.store, self.task_id)
+            resumed = await self._read_state()
         except CorruptionError as error:
             await self._quarantine(error)
             return
@@ -196,6 +197,20 @@ class TaskRun:
                     await asyncio.shield(asyncio.wait_for(
                         self._release("worker stopped during a call"), release_timeout_s))
             raise
+
+    async def _read_state(self) -> ResumedState:
+        """The state to continue from. A snapshot is derived data: one that does not decode
+        or does not match the log (bit rot, or segments pruned by a fenced writer's racing
+        snapshot) is dropped and the log folded instead; only a log that does not fold is
+        a corruption of the task."""
+        from wal_engine.resume import delete_snapshots, read_state
+
+        try:
+            return await read_state(self.engine.store, self.task_id)
+        except SnapshotCorrupt as error:
+            self.log.warning("snapshot_dropped", reason=str(error))
+            await delete_snapshots(self.engine.database, self.task_id)
+            return await read_state(self.engine.store, self.task_id, use_snapshot=False)
 
     async def _run_agent(self, context: Any, function: Any, agent_input: Any) -> None:
         trip = self.check_budget(at_claim=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from typing import Any
 
 import msgspec
 import pytest
@@ -479,3 +481,47 @@ async def test_fork_anywhere_gives_a_verifiable_claimable_child(
     prefix = await folded(store, parent, at_seq)
     for name in ("messages", "calls", "env", "plan", "usage", "signal_ids"):
         assert getattr(state, name) == getattr(prefix, name)
+
+
+async def test_worker_drops_a_corrupt_snapshot_and_folds_the_log(
+    database_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot is derived data: a worker resuming a task whose snapshot lost a segment
+    (a racing fenced writer's pruning, or bit rot) folds the log instead, drops the bad
+    snapshot, and the task completes as if nothing happened."""
+    from wal_engine.context import AgentContext
+    from wal_engine.engine import connect
+    from wal_engine.resume import SnapshotPolicy
+
+    monkeypatch.setattr(snapshot_module, "segment_items", 2)
+    engine = await connect(database_dsn, migrate=False, snapshot_policy=SnapshotPolicy(
+        on_checkpoint=True, every_events=None, min_events=1))
+    try:
+        @engine.agent("segmented")
+        async def segmented(ctx: AgentContext, task_input: Any) -> Any:
+            total = 0
+            for n in range(6):
+                total += await ctx.tool("add", lambda args: args["n"], {"n": n})
+                await ctx.checkpoint(next_action=n)
+            go = await ctx.wait_for_signal("go")
+            return total + go
+
+        task_id = await engine.submit("segmented")
+        worker = engine.worker(concurrency=1, poll_ms=20)
+        running = asyncio.create_task(worker.run(until_idle=True))
+        await running
+        assert (await engine.head(task_id)).status is Status.WAITING
+        assert await _segments(engine.database, task_id)
+        await engine.database.fetch(
+            "DELETE FROM wal_snapshot_segments WHERE task_id = $1 AND ordinal = 0", task_id)
+        with pytest.raises(SnapshotCorrupt):
+            await resume(engine.store, task_id)
+        await engine.signal(task_id, "go", 100)
+        worker = engine.worker(concurrency=1, poll_ms=20)
+        await worker.run(until_idle=True)
+        state = await engine.state(task_id)
+        assert state.status is Status.COMPLETED and state.output == 115
+        assert (await engine.store.verify_task(task_id)).ok
+        assert await resume(engine.store, task_id) == await folded(engine.store, task_id)
+    finally:
+        await engine.close()
