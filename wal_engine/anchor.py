@@ -50,9 +50,10 @@ AnchorMode = Literal["heads", "root"]
 ANCHOR_HEADS: Final = """
 SELECT t.task_id, last.seq, last.hash
   FROM wal_tasks t
-  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                       ORDER BY e.seq DESC LIMIT 1) AS last
- WHERE t.task_id > $1
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                      WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                      ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id > $1
  ORDER BY t.task_id
  LIMIT $2
 """
@@ -61,10 +62,12 @@ SELECT t.task_id, last.seq, last.hash
 # task's log now ends at (NULL if it has no events at all).
 ANCHORED_EVENTS: Final = """
 SELECT a.task_id, a.seq, e.hash,
-       (SELECT x.seq FROM wal_events x WHERE x.task_id = a.task_id
+       (SELECT x.seq FROM wal_events x
+         WHERE x.tenant = current_setting('wal.tenant', true) AND x.task_id = a.task_id
          ORDER BY x.seq DESC LIMIT 1) AS last_seq
   FROM unnest($1::text[], $2::int8[]) AS a(task_id, seq)
-  LEFT JOIN wal_events e ON e.task_id = a.task_id AND e.seq = a.seq
+  LEFT JOIN wal_events e ON e.tenant = current_setting('wal.tenant', true) AND e.task_id = a.task_id
+   AND e.seq = a.seq
 """
 
 DATABASE_IDENTITY: Final = "SELECT current_database() AS name, now() AS now"

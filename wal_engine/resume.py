@@ -70,24 +70,28 @@ RESUME_HEAD: Final = """
 WITH head AS (
     SELECT t.task_id, t.status, last.seq AS head_seq, last.hash AS head_hash
       FROM wal_tasks t
-     CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                          ORDER BY e.seq DESC LIMIT 1) AS last
-     WHERE t.task_id = $1
+     CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                         WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                         ORDER BY e.seq DESC LIMIT 1) AS last
+     WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 ), snapshot AS (
     SELECT s.seq, s.state FROM wal_snapshots s, head
-     WHERE s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
+     WHERE s.tenant = current_setting('wal.tenant', true)
+        AND s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
      ORDER BY s.seq DESC
      LIMIT 1
 )
 SELECT 0::int8 AS seq, head.status AS type, 0::int2 AS version, snapshot.state AS payload,
        head.head_hash AS hash, head.head_seq, snapshot.seq AS snapshot_seq,
        (SELECT e.hash FROM wal_events e
-         WHERE e.task_id = head.task_id AND e.seq = snapshot.seq) AS snapshot_hash
+         WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = head.task_id
+           AND e.seq = snapshot.seq) AS snapshot_hash
   FROM head LEFT JOIN snapshot ON true
 UNION ALL
 (SELECT e.seq, e.type, e.version, e.payload, e.hash, NULL, NULL, NULL
    FROM wal_events e, head
-  WHERE e.task_id = head.task_id AND e.seq <= head.head_seq
+  WHERE e.tenant = current_setting('wal.tenant', true)
+     AND e.task_id = head.task_id AND e.seq <= head.head_seq
     AND e.seq > coalesce((SELECT seq FROM snapshot), 0)
   ORDER BY e.seq
   LIMIT $3)
@@ -95,7 +99,7 @@ UNION ALL
 
 READ_TAIL: Final = """
 SELECT seq, type, version, payload, hash FROM wal_events
- WHERE task_id = $1 AND seq > $2 AND seq <= $3
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq > $2 AND seq <= $3
  ORDER BY seq
  LIMIT $4
 """
@@ -107,25 +111,29 @@ SAVE_SNAPSHOT: Final = """
 WITH inserted AS (
     INSERT INTO wal_snapshots (task_id, seq, state, state_format)
     VALUES ($1, $2, $3, $4)
-    ON CONFLICT (task_id, seq) DO NOTHING
+    ON CONFLICT (tenant, task_id, seq) DO NOTHING
     RETURNING seq
 ), kept AS (
     SELECT seq FROM wal_snapshots
-     WHERE task_id = $1 AND seq < $2
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
      ORDER BY seq DESC
      LIMIT $5 - 1
 ), pruned AS (
     DELETE FROM wal_snapshots
-     WHERE task_id = $1 AND seq < $2 AND seq NOT IN (SELECT seq FROM kept)
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
+       AND seq NOT IN (SELECT seq FROM kept)
     RETURNING seq
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned) AS pruned
 """
 
-DELETE_SNAPSHOTS: Final = "DELETE FROM wal_snapshots WHERE task_id = $1"
+DELETE_SNAPSHOTS: Final = """
+DELETE FROM wal_snapshots WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+"""
 
 LATEST_SNAPSHOT_SEQ: Final = """
-SELECT max(seq) AS seq FROM wal_snapshots WHERE task_id = $1 AND state_format = $2
+SELECT max(seq) AS seq FROM wal_snapshots
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND state_format = $2
 """
 
 # A forked task: its head row (status reached through the legal walk in $4, which the insert
@@ -135,7 +143,7 @@ WITH task AS (
     INSERT INTO wal_tasks (task_id, agent, status, status_path, head_seq, head_hash, budget,
                            parent_task_id, parent_seq, attempts)
     VALUES ($1, $2, $3, $4::text[], $5, $6, $7::jsonb, $8, $9, $10)
-    ON CONFLICT (task_id) DO NOTHING
+    ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
@@ -149,7 +157,7 @@ WITH task AS (
                                     ord)
     RETURNING 1
 ), wake AS (
-    SELECT pg_notify('wal_engine_wake', task_id) FROM task
+    SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
 )
 SELECT (SELECT count(*) FROM inserted) AS events, (SELECT count(*) FROM wake) AS notified
 """
