@@ -43,7 +43,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.logs import configure_logging
-from wal_engine.store.connection import DSN_ENV, redact_dsn
+from wal_engine.store.connection import DSN_ENV, TENANT_ENV, redact_dsn, resolve_tenant
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
@@ -85,6 +85,32 @@ def dsn_option(function: F) -> F:
         "--dsn", envvar=DSN_ENV, default=None, metavar="DSN",
         help=f"PostgreSQL DSN (default: {DSN_ENV}, else the embedded server).",
     )(function)
+
+
+def _check_tenant(_context: click.Context, _parameter: click.Parameter,
+                  value: str | None) -> str | None:
+    try:
+        return None if value is None else resolve_tenant(value)
+    except InvalidInput as error:
+        raise click.BadParameter(str(error)) from error
+
+
+def tenant_option(function: F) -> F:
+    """``--tenant`` (on the command group): the tenant whose tasks every command sees."""
+    return click.option(
+        "--tenant", envvar=TENANT_ENV, default=None, metavar="TENANT",
+        callback=_check_tenant,
+        help=f"The tenant to work on (default: {TENANT_ENV}, else 'default').",
+    )(function)
+
+
+def current_tenant() -> str | None:
+    """The ``--tenant`` given to the command group, if any."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return None
+    tenant = context.find_root().params.get("tenant")
+    return tenant if isinstance(tenant, str) else None
 
 
 def json_option(function: F) -> F:
@@ -223,7 +249,7 @@ async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[
     from wal_engine.engine import connect
 
     engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
-                           pool_size_max=cli_pool_size_max)
+                           pool_size_max=cli_pool_size_max, tenant=current_tenant())
     try:
         yield engine
     finally:
