@@ -39,6 +39,7 @@ from wal_engine.errors import UnknownTask
 from wal_engine.resume import read_state, save_snapshot
 from wal_engine.state_machine import Status
 from wal_engine.store import Database, Store, TaskHead
+from wal_engine.store.connection import session_settings
 
 NAME: Final = "replay"
 SIZES: Final = (1_000, 10_000, 100_000)
@@ -220,7 +221,7 @@ class FreshConnections:
         pool = await asyncpg.create_pool(
             self.dsn, min_size=1, max_size=1, timeout=limits.connect_timeout_s,
             command_timeout=limits.command_timeout_s,
-            server_settings={"application_name": "bench:replay"},
+            server_settings=session_settings("default", "bench:replay"),
         )
         self.connect_ms.append((time.perf_counter() - start) * 1000)
         assert pool is not None
