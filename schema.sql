@@ -126,8 +126,11 @@ CREATE TABLE IF NOT EXISTS wal_tasks (
 
 
 CREATE TABLE IF NOT EXISTS wal_events (
+    -- Only the length here: the format regex cost 4-5 µs per insert (measured), and an
+    -- event is accepted only after an event of its task in the same tenant (or, at seq 1,
+    -- with its task row, whose tenant the regex checks).
     tenant          text NOT NULL DEFAULT current_setting('wal.tenant')
-                    CONSTRAINT wal_events_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+                    CONSTRAINT wal_events_tenant_format CHECK (length(tenant) BETWEEN 1 AND 64),
     task_id         text NOT NULL,
     seq             bigint NOT NULL CHECK (seq >= 1),
     -- The closed vocabulary is enforced where events are decoded; a regex here cost 10 µs
@@ -204,8 +207,13 @@ DECLARE
     wanted record;
 BEGIN
     FOR wanted IN
-        SELECT * FROM (VALUES ('wal_tasks'), ('wal_events'), ('wal_snapshots'),
-                              ('wal_idempotency'), ('wal_signals')) AS w(table_name)
+        SELECT * FROM (VALUES
+            ('wal_tasks', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_events', 'length(tenant) BETWEEN 1 AND 64'),
+            ('wal_snapshots', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_idempotency', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_signals', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$''')
+        ) AS w(table_name, format_check)
     LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_attribute a
                         WHERE a.attrelid = wanted.table_name::regclass
@@ -214,9 +222,8 @@ BEGIN
                            wanted.table_name, 'default');
             EXECUTE format('ALTER TABLE %I ALTER COLUMN tenant SET DEFAULT '
                            'current_setting(%L)', wanted.table_name, 'wal.tenant');
-            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK '
-                           '(tenant ~ %L)', wanted.table_name,
-                           wanted.table_name || '_tenant_format', '^[A-Za-z0-9_.:-]{1,64}$');
+            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (%s)', wanted.table_name,
+                           wanted.table_name || '_tenant_format', wanted.format_check);
         END IF;
     END LOOP;
     FOR wanted IN

@@ -541,6 +541,11 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         assert keys["wal_events_pkey"] == "PRIMARY KEY (tenant, task_id, seq)"
         assert keys["wal_signals_dedup"] == "UNIQUE (tenant, task_id, dedup_key)"
         assert "wal_signals_task_id_dedup_key_key" not in keys
+        checks = {r["conname"]: r["definition"] for r in await admin.fetch(
+            "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
+            " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
+        assert "length(tenant)" in checks["wal_events_tenant_format"]
+        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 6, checks
         secured = await admin.fetch(
             "SELECT relname FROM pg_class WHERE relrowsecurity AND relforcerowsecurity"
             " AND relname LIKE 'wal\\_%' ORDER BY 1")
