@@ -379,6 +379,12 @@ async def test_default_tenant_and_environment(app_dsn: str,
     engine = await connect(app_dsn, migrate=False, development=False)
     try:
         assert engine.tenant == engine.database.tenant == "default"
+        # The binding is the session's reset value: RESET ALL (asyncpg's default pool
+        # reset, or a careless caller) keeps it.
+        async with engine.database.pool.acquire() as connection:
+            await connection.execute("RESET ALL")
+            assert await connection.fetchval("SELECT current_setting('wal.tenant')") == \
+                "default"
     finally:
         await engine.close()
     monkeypatch.setenv("WAL_ENGINE_TENANT", "from-env")
