@@ -1,4 +1,5 @@
--- wal-engine schema, version 1. Idempotent: applying it twice changes nothing.
+-- wal-engine schema, version 2. Idempotent: applying it twice changes nothing. Version 2
+-- added tenants (a database of version 1 is migrated in place, see "Tenancy" below).
 --
 -- Map of the database side
 -- ------------------------
@@ -24,6 +25,21 @@
 -- wal_idempotency     the side-effect gateway: key -> state, result, owner, epoch, times.
 -- wal_signals         inbox of signals (webhooks, approvals) for tasks; consumption is
 --                     recorded in the log (signal_received events), so rows never change.
+-- wal_tenants         one row per tenant: its task count and an optional cap on it
+--                     (wal_count_task, a trigger on wal_tasks, keeps and checks it).
+--
+-- Tenancy
+-- -------
+-- Every table holding a tenant's data has a `tenant` column, the leading column of its
+-- primary and unique keys (integrity checks bypass row security: a key without the tenant
+-- would reveal another tenant's task id through a unique violation). The tenant is the
+-- setting `wal.tenant`, which the engine sends in the startup packet of each of its
+-- connections (docs/architecture.md, decision 23): the column defaults to it (an unset
+-- tenant makes an INSERT fail), row-level security is enabled AND forced on each table
+-- with one policy `tenant = current_setting('wal.tenant', true)` (an unset tenant sees
+-- nothing and writes nothing), and, because superusers bypass row security, every
+-- statement and function also filters on the tenant itself. NOTIFY payloads carry only
+-- the tenant's wake token (wal_wake_token), never a task id.
 --
 -- Functions
 -- ---------
@@ -36,6 +52,8 @@
 -- wal_break_leases(...)      orphan tasks whose lease expired (database clock), NOTIFY.
 -- wal_send_signal(...)       put a signal in the inbox; wake the task if it waits for it.
 -- wal_cancel_task(...)       cancel from outside: terminal event, epoch bumped (fences).
+-- wal_wake_token()           the opaque NOTIFY payload of the current tenant.
+-- wal_count_task()           trigger: count a tenant's tasks, refuse one past its cap.
 --
 -- Engine errors raised in SQL use custom SQLSTATEs (class WE), mapped to Python exceptions in
 -- wal_engine/store/sqlstate.py:
@@ -43,6 +61,7 @@
 --   WE002 append-only table changed
 --   WE003 head moved backwards / after a terminal status
 --   WE004 unknown task
+--   WE005 a tenant's cap on its number of tasks is reached (DETAIL = the cap)
 
 CREATE TABLE IF NOT EXISTS wal_schema_version (
     version    integer PRIMARY KEY,
@@ -78,7 +97,9 @@ INSERT INTO wal_transitions (from_status, to_status) VALUES
 ON CONFLICT DO NOTHING;
 
 CREATE TABLE IF NOT EXISTS wal_tasks (
-    task_id          text PRIMARY KEY CHECK (task_id ~ '^[A-Za-z0-9_.:-]{1,128}$'),
+    tenant           text NOT NULL DEFAULT current_setting('wal.tenant')
+                     CONSTRAINT wal_tasks_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    task_id          text NOT NULL CHECK (task_id ~ '^[A-Za-z0-9_.:-]{1,128}$'),
     agent            text NOT NULL CHECK (length(agent) BETWEEN 1 AND 200),
     status           text NOT NULL CHECK (status IN ('QUEUED', 'RUNNING', 'CHECKPOINTED',
                                                      'WAITING', 'RESUMING', 'COMPLETED',
@@ -101,18 +122,17 @@ CREATE TABLE IF NOT EXISTS wal_tasks (
     attempts         integer NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),
     started_at       timestamptz,
-    updated_at       timestamptz NOT NULL DEFAULT now()
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT wal_tasks_pkey PRIMARY KEY (tenant, task_id)
 );
 
-CREATE INDEX IF NOT EXISTS wal_tasks_claimable ON wal_tasks (created_at)
-    WHERE status IN ('QUEUED', 'RESUMING');
-CREATE INDEX IF NOT EXISTS wal_tasks_waking ON wal_tasks (wake_at)
-    WHERE status = 'WAITING';
-CREATE INDEX IF NOT EXISTS wal_tasks_leased ON wal_tasks (lease_expires_at)
-    WHERE status IN ('RUNNING', 'CHECKPOINTED');
-CREATE INDEX IF NOT EXISTS wal_tasks_by_status ON wal_tasks (status, created_at);
 
 CREATE TABLE IF NOT EXISTS wal_events (
+    -- Only the length here: the format regex cost 4-5 µs per insert (measured), and an
+    -- event is accepted only after an event of its task in the same tenant (or, at seq 1,
+    -- with its task row, whose tenant the regex checks).
+    tenant          text NOT NULL DEFAULT current_setting('wal.tenant')
+                    CONSTRAINT wal_events_tenant_format CHECK (length(tenant) BETWEEN 1 AND 64),
     task_id         text NOT NULL,
     seq             bigint NOT NULL CHECK (seq >= 1),
     -- The closed vocabulary is enforced where events are decoded; a regex here cost 10 µs
@@ -125,22 +145,19 @@ CREATE TABLE IF NOT EXISTS wal_events (
     prev_hash       bytea NOT NULL CHECK (octet_length(prev_hash) = 32),
     hash            bytea NOT NULL CHECK (octet_length(hash) = 32),
     recorded_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (task_id, seq)
+    CONSTRAINT wal_events_pkey PRIMARY KEY (tenant, task_id, seq)
 );
 
-CREATE OR REPLACE VIEW wal_events_json AS
-    SELECT task_id, seq, type, version, epoch,
-           convert_from(payload, 'UTF8')::jsonb AS payload,
-           idempotency_key, encode(hash, 'hex') AS hash, recorded_at
-    FROM wal_events;
 
 CREATE TABLE IF NOT EXISTS wal_snapshots (
+    tenant       text NOT NULL DEFAULT current_setting('wal.tenant')
+                 CONSTRAINT wal_snapshots_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     task_id      text NOT NULL,
     seq          bigint NOT NULL CHECK (seq >= 1),
     state        bytea NOT NULL,
     state_format smallint NOT NULL DEFAULT 1,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (task_id, seq)
+    CONSTRAINT wal_snapshots_pkey PRIMARY KEY (tenant, task_id, seq)
 );
 
 -- ---- segmented snapshots (replay/snapshot.py, STATE_FORMAT 3) -----------------------------
@@ -153,17 +170,21 @@ CREATE TABLE IF NOT EXISTS wal_snapshots (
 ALTER TABLE wal_snapshots ADD COLUMN IF NOT EXISTS segments bytea[];
 
 CREATE TABLE IF NOT EXISTS wal_snapshot_segments (
+    tenant  text NOT NULL DEFAULT current_setting('wal.tenant')
+            CONSTRAINT wal_snapshot_segments_tenant_format CHECK (length(tenant) BETWEEN 1 AND 64),
     task_id text NOT NULL,
     field   text NOT NULL CHECK (length(field) BETWEEN 1 AND 64),
     ordinal integer NOT NULL CHECK (ordinal >= 0),
     digest  bytea NOT NULL CHECK (octet_length(digest) = 32),
     data    bytea NOT NULL,
-    PRIMARY KEY (task_id, field, ordinal, digest)
+    CONSTRAINT wal_snapshot_segments_pkey PRIMARY KEY (tenant, task_id, field, ordinal, digest)
 );
 -- ---- end of segmented snapshots -----------------------------------------------------------
 
 CREATE TABLE IF NOT EXISTS wal_idempotency (
-    key          text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 512),
+    tenant       text NOT NULL DEFAULT current_setting('wal.tenant')
+                 CONSTRAINT wal_idempotency_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    key          text NOT NULL CHECK (length(key) BETWEEN 1 AND 512),
     task_id      text,
     state        text NOT NULL CHECK (state IN ('running', 'completed', 'failed')),
     owner        text,
@@ -172,20 +193,140 @@ CREATE TABLE IF NOT EXISTS wal_idempotency (
     error        text,
     claimed_at   timestamptz NOT NULL DEFAULT now(),
     expires_at   timestamptz,
-    completed_at timestamptz
+    completed_at timestamptz,
+    CONSTRAINT wal_idempotency_pkey PRIMARY KEY (tenant, key)
 );
 
 CREATE TABLE IF NOT EXISTS wal_signals (
-    signal_id bigserial PRIMARY KEY,
+    tenant    text NOT NULL DEFAULT current_setting('wal.tenant')
+              CONSTRAINT wal_signals_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    signal_id bigserial NOT NULL,
     task_id   text NOT NULL,
     name      text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
     payload   bytea NOT NULL,
     dedup_key text,
     sent_at   timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (task_id, dedup_key)
+    CONSTRAINT wal_signals_pkey PRIMARY KEY (tenant, signal_id),
+    CONSTRAINT wal_signals_dedup UNIQUE (tenant, task_id, dedup_key)
 );
 
-CREATE INDEX IF NOT EXISTS wal_signals_by_task ON wal_signals (task_id, name, signal_id);
+CREATE TABLE IF NOT EXISTS wal_tenants (
+    tenant    text NOT NULL
+              CONSTRAINT wal_tenants_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    -- Tasks ever created (task rows are never deleted), kept by wal_count_task.
+    tasks     bigint NOT NULL DEFAULT 0,
+    -- The cap an administrator sets (NULL: none); an engine may set a lower one of its
+    -- own (the setting wal.tasks_max, sent at connect).
+    tasks_max bigint CHECK (tasks_max >= 0),
+    CONSTRAINT wal_tenants_pkey PRIMARY KEY (tenant)
+);
+
+-- ------------------------------------------------------------------ tenancy (version 2)
+-- A database of version 1 has tables without the tenant: its rows become tenant
+-- 'default' (the tenant of an engine connected without one), then the keys are rebuilt
+-- with the tenant first. Each step checks what is there, so this runs any number of times.
+DO $tenancy$
+DECLARE
+    wanted record;
+BEGIN
+    FOR wanted IN
+        SELECT * FROM (VALUES
+            ('wal_tasks', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_events', 'length(tenant) BETWEEN 1 AND 64'),
+            ('wal_snapshots', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_idempotency', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$'''),
+            ('wal_signals', 'tenant ~ ''^[A-Za-z0-9_.:-]{1,64}$''')
+        ) AS w(table_name, format_check)
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+                        WHERE a.attrelid = wanted.table_name::regclass
+                          AND a.attname = 'tenant' AND NOT a.attisdropped) THEN
+            EXECUTE format('ALTER TABLE %I ADD COLUMN tenant text NOT NULL DEFAULT %L',
+                           wanted.table_name, 'default');
+            EXECUTE format('ALTER TABLE %I ALTER COLUMN tenant SET DEFAULT '
+                           'current_setting(%L)', wanted.table_name, 'wal.tenant');
+            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (%s)', wanted.table_name,
+                           wanted.table_name || '_tenant_format', wanted.format_check);
+        END IF;
+    END LOOP;
+    FOR wanted IN
+        SELECT * FROM (VALUES
+            ('wal_tasks', 'wal_tasks_pkey', NULL, 'PRIMARY KEY (tenant, task_id)'),
+            ('wal_events', 'wal_events_pkey', NULL, 'PRIMARY KEY (tenant, task_id, seq)'),
+            ('wal_snapshots', 'wal_snapshots_pkey', NULL,
+             'PRIMARY KEY (tenant, task_id, seq)'),
+            ('wal_idempotency', 'wal_idempotency_pkey', NULL, 'PRIMARY KEY (tenant, key)'),
+            ('wal_signals', 'wal_signals_pkey', NULL, 'PRIMARY KEY (tenant, signal_id)'),
+            ('wal_signals', 'wal_signals_dedup', 'wal_signals_task_id_dedup_key_key',
+             'UNIQUE (tenant, task_id, dedup_key)')
+        ) AS w(table_name, constraint_name, old_name, definition)
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint c
+                        WHERE c.conrelid = wanted.table_name::regclass
+                          AND c.conname = wanted.constraint_name
+                          AND pg_get_constraintdef(c.oid) = wanted.definition) THEN
+            IF wanted.old_name IS NOT NULL THEN
+                EXECUTE format('ALTER TABLE %I DROP CONSTRAINT IF EXISTS %I',
+                               wanted.table_name, wanted.old_name);
+            END IF;
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT IF EXISTS %I, ADD CONSTRAINT %I %s',
+                           wanted.table_name, wanted.constraint_name,
+                           wanted.constraint_name, wanted.definition);
+        END IF;
+    END LOOP;
+END;
+$tenancy$;
+
+-- Version 1's indexes had no tenant.
+DROP INDEX IF EXISTS wal_tasks_claimable;
+DROP INDEX IF EXISTS wal_tasks_waking;
+DROP INDEX IF EXISTS wal_tasks_leased;
+DROP INDEX IF EXISTS wal_tasks_by_status;
+DROP INDEX IF EXISTS wal_signals_by_task;
+
+CREATE INDEX IF NOT EXISTS wal_tasks_claimable_by_tenant ON wal_tasks (tenant, created_at)
+    WHERE status IN ('QUEUED', 'RESUMING');
+CREATE INDEX IF NOT EXISTS wal_tasks_waking_by_tenant ON wal_tasks (tenant, wake_at)
+    WHERE status = 'WAITING';
+CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_tenant ON wal_tasks (tenant, lease_expires_at)
+    WHERE status IN ('RUNNING', 'CHECKPOINTED');
+CREATE INDEX IF NOT EXISTS wal_tasks_by_tenant_status ON wal_tasks (tenant, status, created_at);
+CREATE INDEX IF NOT EXISTS wal_signals_by_tenant_task
+    ON wal_signals (tenant, task_id, name, signal_id);
+
+-- The task counts of the tenants (recounted here: the engine tables are locked while the
+-- schema is applied, so no task is being created).
+INSERT INTO wal_tenants AS k (tenant, tasks)
+SELECT t.tenant, count(*) FROM wal_tasks t GROUP BY t.tenant
+ON CONFLICT (tenant) DO UPDATE SET tasks = EXCLUDED.tasks WHERE k.tasks <> EXCLUDED.tasks;
+
+-- Row-level security: enabled and forced (the owner, and so the owner-run SECURITY
+-- DEFINER functions and views, are filtered too). An unset tenant compares with NULL.
+DO $policies$
+DECLARE
+    item text;
+BEGIN
+    FOREACH item IN ARRAY ARRAY['wal_tasks', 'wal_events', 'wal_snapshots',
+                                'wal_snapshot_segments', 'wal_idempotency', 'wal_signals',
+                                'wal_tenants'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
+        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
+        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                       'USING (tenant = current_setting(%L, true)) '
+                       'WITH CHECK (tenant = current_setting(%L, true))',
+                       item, 'wal.tenant', 'wal.tenant');
+    END LOOP;
+END;
+$policies$;
+
+-- For SQL audits; the tenant filter keeps a superuser's view to its own tenant as well.
+CREATE OR REPLACE VIEW wal_events_json AS
+    SELECT task_id, seq, type, version, epoch,
+           convert_from(payload, 'UTF8')::jsonb AS payload,
+           idempotency_key, encode(hash, 'hex') AS hash, recorded_at, tenant
+    FROM wal_events
+    WHERE tenant = current_setting('wal.tenant', true);
 
 -- ------------------------------------------------------------------------------ functions
 
@@ -285,6 +426,46 @@ CREATE OR REPLACE TRIGGER wal_snapshot_segments_immutable
     BEFORE UPDATE ON wal_snapshot_segments
     FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
 
+-- The payload of every NOTIFY: an opaque token of the current tenant, never a task id
+-- (NOTIFY is not filtered by row security, and task ids are chosen by users). A worker
+-- wakes on its own tenant's token (wal_engine.worker computes the same value) and then
+-- claims through its tenant's rows.
+CREATE OR REPLACE FUNCTION wal_wake_token() RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT left(encode(sha256(convert_to('wal-engine/wake/'
+                                         || coalesce(current_setting('wal.tenant', true), ''),
+                                         'UTF8')), 'hex'), 32)
+$$;
+
+-- Count a tenant's tasks as they are created; refuse one past its cap: the smaller of the
+-- administrator's (wal_tenants.tasks_max) and the engine's (the setting wal.tasks_max). The
+-- row lock on the tenant's counter orders concurrent submissions of one tenant.
+CREATE OR REPLACE FUNCTION wal_count_task() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    counted record;
+    engine_cap bigint := nullif(current_setting('wal.tasks_max', true), '')::bigint;
+BEGIN
+    INSERT INTO wal_tenants AS k (tenant, tasks) VALUES (NEW.tenant, 1)
+    ON CONFLICT (tenant) DO UPDATE SET tasks = k.tasks + 1
+    RETURNING k.tasks, k.tasks_max INTO counted;
+    IF counted.tasks > least(coalesce(counted.tasks_max, engine_cap),
+                             coalesce(engine_cap, counted.tasks_max)) THEN
+        RAISE EXCEPTION 'tenant % has reached its cap of % tasks', NEW.tenant,
+                        least(coalesce(counted.tasks_max, engine_cap),
+                              coalesce(engine_cap, counted.tasks_max))
+            USING ERRCODE = 'WE005',
+                  DETAIL = least(coalesce(counted.tasks_max, engine_cap),
+                                 coalesce(engine_cap, counted.tasks_max))::text;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER wal_tasks_count
+    AFTER INSERT ON wal_tasks
+    FOR EACH ROW EXECUTE FUNCTION wal_count_task();
+
 -- Append one event written by the database itself to a task the caller has locked FOR
 -- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the
 -- new seq. The payload is JSON text built by the caller; its bytes are what is hashed.
@@ -293,6 +474,7 @@ CREATE OR REPLACE FUNCTION wal_emit(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
     head record;
     body bytea := convert_to(p_payload::text, 'UTF8');
     next_seq bigint;
@@ -302,7 +484,7 @@ BEGIN
     -- move). A writer racing for the same seq makes the INSERT below fail on the primary
     -- key, which the callers treat as "try again later".
     SELECT e.seq AS head_seq, e.hash AS head_hash INTO head FROM wal_events e
-     WHERE e.task_id = p_task_id ORDER BY e.seq DESC LIMIT 1;
+     WHERE e.tenant = my_tenant AND e.task_id = p_task_id ORDER BY e.seq DESC LIMIT 1;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
@@ -315,7 +497,7 @@ BEGIN
            status = coalesce(p_new_status, status),
            status_path = CASE WHEN p_new_status IS NULL THEN NULL ELSE ARRAY[p_new_status] END,
            updated_at = now()
-     WHERE task_id = p_task_id;
+     WHERE tenant = my_tenant AND task_id = p_task_id;
     RETURN next_seq;
 END;
 $$;
@@ -334,6 +516,7 @@ RETURNS TABLE (task_id text, agent text, lease_epoch bigint, head_seq bigint,
                database_now timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
     due record;
     new_epoch bigint;
     claim_type text;
@@ -341,7 +524,8 @@ BEGIN
     FOR due IN
         SELECT t.task_id, t.status, t.lease_epoch, t.attempts, t.waiting_signal
           FROM wal_tasks t
-         WHERE (t.status IN ('QUEUED', 'RESUMING')
+         WHERE t.tenant = my_tenant
+           AND (t.status IN ('QUEUED', 'RESUMING')
                 OR (t.status = 'WAITING' AND t.wake_at <= now()))
            AND (p_agents IS NULL OR t.agent = ANY (p_agents))
          ORDER BY coalesce(t.wake_at, t.created_at), t.task_id
@@ -361,13 +545,13 @@ BEGIN
                lease_expires_at = now() + make_interval(secs => p_lease_ttl_ms / 1000.0),
                wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
                started_at = coalesce(t.started_at, now())
-         WHERE t.task_id = due.task_id;
+         WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
         PERFORM wal_emit(due.task_id, claim_type,
                          jsonb_build_object('worker_id', p_worker, 'attempt', due.attempts + 1),
                          new_epoch, 'RUNNING');
         RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
                             t.attempts, t.started_at, now()
-                       FROM wal_tasks t WHERE t.task_id = due.task_id;
+                       FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
     END LOOP;
 END;
 $$;
@@ -378,12 +562,14 @@ CREATE OR REPLACE FUNCTION wal_break_leases(p_limit integer)
 RETURNS TABLE (task_id text, previous_owner text, previous_epoch bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
     stale record;
 BEGIN
     FOR stale IN
         SELECT t.task_id, t.lease_owner, t.lease_epoch
           FROM wal_tasks t
-         WHERE t.status IN ('RUNNING', 'CHECKPOINTED') AND t.lease_expires_at < now()
+         WHERE t.tenant = my_tenant
+           AND t.status IN ('RUNNING', 'CHECKPOINTED') AND t.lease_expires_at < now()
          ORDER BY t.lease_expires_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -392,7 +578,7 @@ BEGIN
             UPDATE wal_tasks t
                SET lease_epoch = stale.lease_epoch + 1, lease_owner = NULL,
                    lease_expires_at = NULL
-             WHERE t.task_id = stale.task_id;
+             WHERE t.tenant = my_tenant AND t.task_id = stale.task_id;
             PERFORM wal_emit(stale.task_id, 'task_orphaned',
                              jsonb_build_object('previous_owner', stale.lease_owner,
                                                 'previous_epoch', stale.lease_epoch),
@@ -402,7 +588,7 @@ BEGIN
             -- all. Leave the task alone; if its lease stays expired, the next sweep takes it.
             CONTINUE;
         END;
-        PERFORM pg_notify('wal_engine_wake', stale.task_id);
+        PERFORM pg_notify('wal_engine_wake', wal_wake_token());
         RETURN QUERY SELECT stale.task_id, stale.lease_owner, stale.lease_epoch;
     END LOOP;
 END;
@@ -416,29 +602,30 @@ CREATE OR REPLACE FUNCTION wal_send_signal(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
     task record;
     new_id bigint;
 BEGIN
     SELECT t.status, t.waiting_signal, t.lease_epoch INTO task
-      FROM wal_tasks t WHERE t.task_id = p_task_id FOR UPDATE;
+      FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = p_task_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
     INSERT INTO wal_signals (task_id, name, payload, dedup_key)
     VALUES (p_task_id, p_name, p_payload, p_dedup_key)
-    ON CONFLICT (task_id, dedup_key) DO NOTHING
+    ON CONFLICT (tenant, task_id, dedup_key) DO NOTHING
     RETURNING signal_id INTO new_id;
     IF new_id IS NULL THEN
         SELECT s.signal_id INTO new_id FROM wal_signals s
-         WHERE s.task_id = p_task_id AND s.dedup_key = p_dedup_key;
+         WHERE s.tenant = my_tenant AND s.task_id = p_task_id AND s.dedup_key = p_dedup_key;
         RETURN new_id;
     END IF;
     IF task.status = 'WAITING' AND task.waiting_signal = p_name THEN
         UPDATE wal_tasks t SET wake_at = NULL, waiting_signal = NULL
-         WHERE t.task_id = p_task_id;
+         WHERE t.tenant = my_tenant AND t.task_id = p_task_id;
         PERFORM wal_emit(p_task_id, 'task_woken', jsonb_build_object('reason', 'signal'),
                          task.lease_epoch, 'RESUMING');
-        PERFORM pg_notify('wal_engine_wake', p_task_id);
+        PERFORM pg_notify('wal_engine_wake', wal_wake_token());
     END IF;
     RETURN new_id;
 END;
@@ -451,9 +638,11 @@ CREATE OR REPLACE FUNCTION wal_cancel_task(p_task_id text, p_reason text, p_requ
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
     task record;
 BEGIN
-    SELECT t.status, t.lease_epoch INTO task FROM wal_tasks t WHERE t.task_id = p_task_id
+    SELECT t.status, t.lease_epoch INTO task FROM wal_tasks t
+     WHERE t.tenant = my_tenant AND t.task_id = p_task_id
        FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
@@ -464,13 +653,13 @@ BEGIN
     UPDATE wal_tasks t
        SET lease_epoch = task.lease_epoch + 1, lease_owner = NULL, lease_expires_at = NULL,
            wake_at = NULL, waiting_signal = NULL
-     WHERE t.task_id = p_task_id;
+     WHERE t.tenant = my_tenant AND t.task_id = p_task_id;
     PERFORM wal_emit(p_task_id, 'task_cancelled',
                      jsonb_build_object('reason', p_reason, 'requested_by', p_requested_by),
                      task.lease_epoch + 1, 'FAILED');
-    PERFORM pg_notify('wal_engine_done', p_task_id);
+    PERFORM pg_notify('wal_engine_done', wal_wake_token());
     RETURN true;
 END;
 $$;
 
-INSERT INTO wal_schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;

@@ -34,12 +34,20 @@
 --   wal_snapshots                     SELECT, INSERT, DELETE: derived data, pruned.
 --   wal_snapshot_segments             SELECT, INSERT, DELETE: derived data, pruned.
 --   wal_signals                       SELECT: signals are written by wal_send_signal only.
+--   wal_tenants                       SELECT: task counts are kept by wal_count_task (a
+--                                     SECURITY DEFINER trigger), caps set by the owner.
+--   row-level security                every table above but wal_transitions and
+--                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
+--                                     the app role (and the owner) see and write only the
+--                                     rows of the tenant its session names (wal.tenant).
 --   wal_schema_version, wal_transitions  SELECT.
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
 --                                     wal_send_signal, wal_cancel_task (SECURITY DEFINER,
 --                                     owned by the owner role, search_path fixed to this
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
+--                                     EXECUTE on wal_event_hash and wal_wake_token (the
+--                                     NOTIFY payload of a submission).
 --   the database                      CONNECT. CREATE and TEMPORARY are revoked from
 --                                     PUBLIC: a temporary table could otherwise shadow
 --                                     wal_transitions for the invoker-rights trigger.
@@ -122,7 +130,7 @@ BEGIN
 
     -- The application role's grants -----------------------------------------------------------
     EXECUTE format('GRANT SELECT ON wal_schema_version, wal_transitions, wal_events_json, '
-                   'wal_signals TO %I', app_role);
+                   'wal_signals, wal_tenants TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_events TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_tasks TO %I', app_role);
     EXECUTE format('GRANT UPDATE (head_seq, head_hash, status, status_path, updated_at, '
@@ -139,26 +147,30 @@ BEGIN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
-                             'wal_cancel_task')
+                             'wal_cancel_task', 'wal_count_task')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',
                        item.signature, fixed_path);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+        -- The counting trigger runs on the app role's INSERT without its EXECUTE.
+        IF item.proname <> 'wal_count_task' THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+        END IF;
     END LOOP;
     -- Helpers and triggers keep the caller's rights but never look names up in a schema the
     -- caller could write to.
     FOR item IN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
          WHERE p.pronamespace = schema_oid
-           AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change')
+           AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change',
+                             'wal_wake_token')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
     END LOOP;
     FOR item IN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
-         WHERE p.pronamespace = schema_oid AND p.proname = 'wal_event_hash'
+         WHERE p.pronamespace = schema_oid AND p.proname IN ('wal_event_hash', 'wal_wake_token')
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
     END LOOP;

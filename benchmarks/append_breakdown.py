@@ -34,7 +34,17 @@ from benchmarks import append, harness
 from wal_engine import events as vocabulary
 from wal_engine import limits
 from wal_engine.store import Database, Store, queries
-from wal_engine.store.connection import DSN_ENV, ensure_database, resolve_dsn, with_database
+from wal_engine.store.connection import (
+    DSN_ENV,
+    ensure_database,
+    resolve_dsn,
+    session_settings,
+    with_database,
+)
+
+# Connections opened here are bound to the default tenant, like an engine's (the tables
+# take the tenant from the session).
+TENANT_SETTINGS: Final = session_settings("default", "bench:breakdown")
 
 NAME: Final = "append_breakdown"
 SCRATCH_DATABASE: Final = "wal_bench_breakdown"
@@ -179,7 +189,8 @@ async def direct_contenders(
          _scalar_append, True),
     ]
     contenders: list[harness.Contender] = []
-    raw_connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+    raw_connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
+                                           server_settings=TENANT_SETTINGS)
     opened.append(raw_connection)
     raw = Chain(f"raw-direct-{run_id}")
     contenders.append(harness.Contender(
@@ -190,7 +201,8 @@ async def direct_contenders(
         reference=True,
     ))
     for index, (name, query, arguments, has_head) in enumerate(variants):
-        connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+        connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
+                                           server_settings=TENANT_SETTINGS)
         opened.append(connection)
         chain = Chain(f"var{index}-{run_id}")
         if has_head:
@@ -210,12 +222,13 @@ async def pooled_contenders(
     raw_pool = await asyncpg.create_pool(
         dsn, min_size=limits.pool_size_min, max_size=limits.pool_size_max,
         timeout=limits.connect_timeout_s, command_timeout=limits.command_timeout_s,
+        server_settings=TENANT_SETTINGS,
     )
     opened.append(raw_pool)
     quiet_pool = await asyncpg.create_pool(
         dsn, min_size=limits.pool_size_min, max_size=limits.pool_size_max,
         timeout=limits.connect_timeout_s, command_timeout=limits.command_timeout_s,
-        reset=_noop_reset,
+        reset=_noop_reset, server_settings=TENANT_SETTINGS,
     )
     opened.append(quiet_pool)
     async with raw_pool.acquire() as connection:

@@ -34,6 +34,7 @@ from wal_engine.context import AgentContext
 from wal_engine.engine import Engine, connect
 from wal_engine.resume import resume
 from wal_engine.store import Database, Store
+from wal_engine.store.connection import session_settings
 
 NAME: Final = "wal-engine"
 DRIVEN_AGENT: Final = "suite_driven"
@@ -199,7 +200,7 @@ def resume_operation(dsn: str, task_id: str, steps: int) -> harness.Operation:
         pool = await asyncpg.create_pool(
             dsn, min_size=1, max_size=1, timeout=limits.connect_timeout_s,
             command_timeout=limits.command_timeout_s,
-            server_settings={"application_name": "bench:suite-resume"},
+            server_settings=session_settings("default", "bench:suite-resume"),
         )
         assert pool is not None
         try:

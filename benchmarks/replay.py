@@ -40,6 +40,7 @@ from wal_engine.errors import UnknownTask
 from wal_engine.resume import read_state, save_snapshot
 from wal_engine.state_machine import Status
 from wal_engine.store import Database, Store, TaskHead
+from wal_engine.store.connection import session_settings
 
 NAME: Final = "replay"
 SIZES: Final = (1_000, 10_000, 100_000)
@@ -66,15 +67,17 @@ SELECT_SNAPSHOT: Final = f"SELECT state FROM {FLOOR_TABLE} WHERE task_id = $1"
 SNAPSHOT_PARTS: Final = """
 SELECT s.state AS head, g.field, g.ordinal, g.digest, g.data
   FROM wal_snapshots s
-  LEFT JOIN wal_snapshot_segments g ON g.task_id = s.task_id AND g.digest = ANY (s.segments)
- WHERE s.task_id = $1 AND s.seq = $2
+  LEFT JOIN wal_snapshot_segments g
+         ON g.tenant = s.tenant AND g.task_id = s.task_id AND g.digest = ANY (s.segments)
+ WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = $1 AND s.seq = $2
 """
 SNAPSHOT_BYTES: Final = """
 SELECT pg_column_size(s.state)
        + coalesce((SELECT sum(pg_column_size(g.data)) FROM wal_snapshot_segments g
-                    WHERE g.task_id = s.task_id AND g.digest = ANY (s.segments)), 0) AS stored
+                    WHERE g.tenant = s.tenant AND g.task_id = s.task_id
+                      AND g.digest = ANY (s.segments)), 0) AS stored
   FROM wal_snapshots s
- WHERE s.task_id = $1 AND s.seq = $2
+ WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = $1 AND s.seq = $2
 """
 
 _words: Final = ("the", "tool", "returned", "forecast", "for", "Lisbon", "tomorrow", "with",
@@ -250,7 +253,7 @@ class FreshConnections:
         pool = await asyncpg.create_pool(
             self.dsn, min_size=1, max_size=1, timeout=limits.connect_timeout_s,
             command_timeout=limits.command_timeout_s,
-            server_settings={"application_name": "bench:replay"},
+            server_settings=session_settings("default", "bench:replay"),
         )
         self.connect_ms.append((time.perf_counter() - start) * 1000)
         assert pool is not None

@@ -51,9 +51,10 @@ AnchorMode = Literal["heads", "root"]
 ANCHOR_HEADS: Final = """
 SELECT t.task_id, last.seq, last.hash
   FROM wal_tasks t
-  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                       ORDER BY e.seq DESC LIMIT 1) AS last
- WHERE t.task_id > $1
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                      WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                      ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id > $1
  ORDER BY t.task_id
  LIMIT $2
 """
@@ -62,10 +63,12 @@ SELECT t.task_id, last.seq, last.hash
 # task's log now ends at (NULL if it has no events at all).
 ANCHORED_EVENTS: Final = """
 SELECT a.task_id, a.seq, e.hash,
-       (SELECT x.seq FROM wal_events x WHERE x.task_id = a.task_id
+       (SELECT x.seq FROM wal_events x
+         WHERE x.tenant = current_setting('wal.tenant', true) AND x.task_id = a.task_id
          ORDER BY x.seq DESC LIMIT 1) AS last_seq
   FROM unnest($1::text[], $2::int8[]) AS a(task_id, seq)
-  LEFT JOIN wal_events e ON e.task_id = a.task_id AND e.seq = a.seq
+  LEFT JOIN wal_events e ON e.tenant = current_setting('wal.tenant', true) AND e.task_id = a.task_id
+   AND e.seq = a.seq
 """
 
 DATABASE_IDENTITY: Final = "SELECT current_database() AS name, now() AS now"
@@ -109,11 +112,17 @@ class Anchor(msgspec.Struct, frozen=True, kw_only=True):
     """Merkle root (hex) over every head's leaf, tasks in id order."""
     heads: list[AnchoredHead]
     signature: AnchorSignature | None = None
+    tenant: str | None = None
+    """The tenant whose tasks the anchor holds (an anchor is per tenant, like an engine);
+    covered by the signature. None in anchors made before tenants."""
 
     def body(self) -> bytes:
-        """The canonical bytes a signature covers (everything but the signature)."""
+        """The canonical bytes a signature covers (everything but the signature; no
+        ``tenant`` key when it is None, so older anchors keep their bytes)."""
         plain = msgspec.to_builtins(msgspec.structs.replace(self, signature=None))
         plain.pop("signature", None)
+        if plain.get("tenant") is None:
+            plain.pop("tenant", None)
         return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
 
 
@@ -196,7 +205,8 @@ async def create_anchor(database: Database, *, mode: AnchorMode = "heads",
         heads = [AnchoredHead(h.task_id, h.seq) for h in heads]
     now: dt.datetime = identity["now"]
     anchor = Anchor(created_at=now.astimezone(dt.UTC).isoformat(), database=identity["name"],
-                    mode=mode, tasks=len(heads), root=root.hex(), heads=heads)
+                    mode=mode, tasks=len(heads), root=root.hex(), heads=heads,
+                    tenant=database.tenant)
     return anchor if signing_key is None else sign_anchor(anchor, signing_key)
 
 
@@ -339,6 +349,10 @@ async def verify_anchor(database: Database, anchor: Anchor | str | Path, *,
     if not isinstance(anchor, Anchor):
         anchor = read_anchor(anchor)
     signed = check_signature(anchor, public_key)
+    if anchor.tenant is not None and anchor.tenant != database.tenant:
+        # Another tenant's tasks are invisible here: every head would look deleted.
+        raise AnchorInvalid(f"the anchor holds tenant {anchor.tenant!r}'s tasks; this "
+                            f"connection is bound to tenant {database.tenant!r}")
     findings: list[AnchorFinding] = []
     leaves: list[bytes] = []
     for start in range(0, len(anchor.heads), anchor_page_tasks):

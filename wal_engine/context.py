@@ -358,7 +358,7 @@ async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
     # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
     if await _unconsumed_signals(run, name, 1):
         await run.append([ev.TaskWoken(reason="signal")])
-        await run.engine.database.fetch("SELECT pg_notify('wal_engine_wake', $1)", run.task_id)
+        await run.engine.database.fetch(queries.WAKE_WORKERS)
     raise Suspended
 
 

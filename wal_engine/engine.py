@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -52,6 +53,12 @@ only what was added since the previous one (plus one tail of under 128 items per
 collection), snapshots cost a constant per event however long the history."""
 
 
+def wake_token(tenant: str) -> str:
+    """The NOTIFY payload of ``tenant``'s wake-ups: the same value as ``wal_wake_token()``
+    in ``schema.sql`` (an opaque token, never a task id)."""
+    return hashlib.sha256(f"wal-engine/wake/{tenant}".encode()).hexdigest()[:32]
+
+
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):
     """A registered agent: its name, its function and the type its input must have."""
 
@@ -67,8 +74,12 @@ class Engine:
                  snapshot_policy: SnapshotPolicy | None = None,
                  recovery_attempts_max: int = recovery_attempts_max_default,
                  redactor: Redactor | None = default_redactor,
-                 secrets: SecretResolver | None = None) -> None:
+                 secrets: SecretResolver | None = None,
+                 events_per_task_max: int = limits.history_events_max) -> None:
         self.database = database
+        self.tenant = database.tenant
+        """The one tenant this engine serves: every connection is bound to it."""
+        self.wake_token = wake_token(self.tenant)
         self.recovery_attempts_max = recovery_attempts_max
         self.snapshot_policy = snapshot_policy or DEFAULT_SNAPSHOT_POLICY
         self.redactor: Redactor = no_redaction if redactor is None else redactor
@@ -76,7 +87,7 @@ class Engine:
         self.secrets = secrets
         """Resolves secret references (``redaction.secret_ref``) at call time."""
         self.store = Store(database, payload_bytes_max=payload_bytes_max,
-                           redactor=self.redactor)
+                           redactor=self.redactor, events_per_task_max=events_per_task_max)
         self.committer = GroupCommitter(self.store)
         self.gateway = IdempotencyGateway(database, redactor=self.redactor)
         self.agents: dict[str, AgentDefinition] = {}
@@ -257,12 +268,27 @@ async def connect(
     redactor: Redactor | None = default_redactor,
     secrets: SecretResolver | None = None,
     development: bool | None = None,
+    tenant: str | None = None,
+    tasks_max: int | None = limits.tasks_max,
+    events_per_task_max: int = limits.history_events_max,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
     The schema is applied on first connect (``migrate=False`` only checks its version).
 
     Args:
+        tenant: The one tenant this engine serves (default ``WAL_ENGINE_TENANT``, else
+            ``"default"``): every connection is bound to it, and row-level security and
+            every statement keep it to that tenant's tasks. Letters, digits and
+            ``_ . : -``, at most 64; anything else raises
+            :class:`~wal_engine.errors.InvalidTenant`. Serve several tenants with one
+            engine each (see ``docs/security.md``).
+        tasks_max: A cap on the tenant's tasks, checked in the database as each task is
+            created (:class:`~wal_engine.errors.TaskQuotaExceeded`); an administrator's
+            cap in ``wal_tenants.tasks_max`` applies as well.
+        events_per_task_max: Appends that would take a task past this many events are
+            refused (:class:`InvalidInput`), except the one that ends it.
+        payload_bytes_max: The cap on one event's encoded payload.
         redactor: Applied to every input, intent, result, message and signal before it is
             hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
         secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
@@ -272,11 +298,15 @@ async def connect(
             logged. None decides from the setup: the embedded server and
             ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
     """
+    if events_per_task_max < 1:
+        raise ConfigurationError("events_per_task_max must be at least 1")
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
         require_synchronous_commit=require_synchronous_commit, development=development,
+        tenant=tenant, tasks_max=tasks_max,
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
-                  snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets)
+                  snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,
+                  events_per_task_max=events_per_task_max)
 
 

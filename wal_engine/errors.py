@@ -63,6 +63,18 @@ class InvalidTaskId(InvalidInput):
         self.reason = reason
 
 
+class InvalidTenant(InvalidInput):
+    """A tenant id that is empty, too long, or outside the allowed alphabet."""
+
+    def __init__(self, tenant: object, reason: str) -> None:
+        shown = repr(tenant)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid tenant {shown}: {reason}")
+        self.tenant = tenant
+        self.reason = reason
+
+
 class InvalidPayload(InvalidInput):
     """A payload that cannot be stored: not plain JSON, NaN, NUL, surrogate, too big, too deep."""
 
@@ -99,6 +111,16 @@ class TaskAlreadyExists(WalError):
     def __init__(self, task_id: str) -> None:
         super().__init__(f"task {task_id!r} already exists with a different agent or input")
         self.task_id = task_id
+
+
+class TaskQuotaExceeded(WalError):
+    """The tenant reached its cap on the number of tasks; the task was not created."""
+
+    def __init__(self, tenant: str | None, tasks_max: int | None) -> None:
+        cap = "its cap" if tasks_max is None else f"its cap of {tasks_max}"
+        super().__init__(f"tenant {tenant or '?'!r} has reached {cap} tasks")
+        self.tenant = tenant
+        self.tasks_max = tasks_max
 
 
 class LeaseLost(WalError):

@@ -52,7 +52,7 @@ wait_max_s: Final = 300.0
 CLAIM_KEY: Final = """
 INSERT INTO wal_idempotency AS k (key, task_id, state, owner, epoch, expires_at)
 VALUES ($1, $2, 'running', $3, $4, now() + $5 * interval '1 millisecond')
-ON CONFLICT (key) DO UPDATE
+ON CONFLICT (tenant, key) DO UPDATE
    SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch, claimed_at = now(),
        expires_at = EXCLUDED.expires_at
  WHERE k.state = 'running'
@@ -62,13 +62,14 @@ RETURNING state
 
 READ_KEY: Final = """
 SELECT state, owner, epoch, result, error, expires_at < now() AS expired
-  FROM wal_idempotency WHERE key = $1
+  FROM wal_idempotency WHERE tenant = current_setting('wal.tenant', true) AND key = $1
 """
 
 COMPLETE_KEY: Final = """
 UPDATE wal_idempotency
    SET state = $4, result = $5, error = $6, completed_at = now(), expires_at = NULL
- WHERE key = $1 AND owner = $2 AND epoch = $3 AND state = 'running'
+ WHERE tenant = current_setting('wal.tenant', true) AND key = $1 AND owner = $2 AND epoch = $3
+   AND state = 'running'
 RETURNING key
 """
 
@@ -79,7 +80,9 @@ INSERT INTO wal_idempotency (key, task_id, state, owner, epoch) VALUES ($1, $2, 
 """
 
 RELEASE_KEY: Final = """
-DELETE FROM wal_idempotency WHERE key = $1 AND owner = $2 AND epoch = $3 AND state = 'running'
+DELETE FROM wal_idempotency
+ WHERE tenant = current_setting('wal.tenant', true) AND key = $1 AND owner = $2 AND epoch = $3
+   AND state = 'running'
 """
 
 

@@ -7,13 +7,34 @@ import uuid
 from typing import Final, NewType
 
 from wal_engine import limits
-from wal_engine.errors import InvalidTaskId
+from wal_engine.errors import InvalidTaskId, InvalidTenant
 
 TaskId = NewType("TaskId", str)
 WorkerId = NewType("WorkerId", str)
 IdempotencyKey = NewType("IdempotencyKey", str)
 
 _task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
+
+DEFAULT_TENANT: Final = "default"
+"""The tenant of an engine connected without one (and of the rows of a schema-1 database)."""
+
+
+def validate_tenant(tenant: object) -> str:
+    """Return ``tenant``, or raise :class:`InvalidTenant`.
+
+    The same allow-list as task ids, at most 64 characters; the same rule is a CHECK
+    constraint on every tenant column of ``schema.sql``. It is sent as a connection
+    setting, so it is checked before any connection is made.
+    """
+    if not isinstance(tenant, str):
+        raise InvalidTenant(tenant, f"must be a str, not {type(tenant).__name__}")
+    if not tenant:
+        raise InvalidTenant(tenant, "must not be empty")
+    if len(tenant) > limits.tenant_length_max:
+        raise InvalidTenant(tenant, f"longer than {limits.tenant_length_max} characters")
+    if _task_id_pattern.fullmatch(tenant) is None:
+        raise InvalidTenant(tenant, "only letters, digits and _ . : - are allowed")
+    return tenant
 
 
 def validate_task_id(task_id: object) -> TaskId:

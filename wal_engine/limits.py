@@ -7,6 +7,9 @@ from typing import Final
 task_id_length_max: Final = 128
 """Longest task id accepted (characters of ``[A-Za-z0-9_.:-]``)."""
 
+tenant_length_max: Final = 64
+"""Longest tenant id accepted (characters of ``[A-Za-z0-9_.:-]``)."""
+
 name_length_max: Final = 200
 """Longest agent, tool, signal or event-type name."""
 
@@ -23,7 +26,12 @@ read_page_events: Final = 1000
 """Rows fetched per page when a history is streamed."""
 
 history_events_max: Final = 10_000_000
-"""Most events one task may hold; an append past it is refused."""
+"""Default cap on the events of one task; an append past it is refused. Configurable per
+engine, hence per tenant (``connect(events_per_task_max=...)``)."""
+
+tasks_max: Final = None
+"""Default cap on the tasks of one tenant: none (``connect(tasks_max=...)`` sets one; an
+administrator may set one in ``wal_tenants.tasks_max``)."""
 
 pool_size_min: Final = 1
 pool_size_max: Final = 20

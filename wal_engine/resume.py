@@ -81,28 +81,33 @@ RESUME_HEAD: Final = """
 WITH head AS (
     SELECT t.task_id, t.status, last.seq AS head_seq, last.hash AS head_hash
       FROM wal_tasks t
-     CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                          ORDER BY e.seq DESC LIMIT 1) AS last
-     WHERE t.task_id = $1
+     CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                         WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                         ORDER BY e.seq DESC LIMIT 1) AS last
+     WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 ), snapshot AS (
     SELECT s.seq, s.state, s.segments FROM wal_snapshots s, head
-     WHERE s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
+     WHERE s.tenant = current_setting('wal.tenant', true)
+       AND s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
      ORDER BY s.seq DESC
      LIMIT 1
 )
 SELECT 0::int8 AS seq, head.status AS type, 0::int2 AS version, snapshot.state AS payload,
        head.head_hash AS hash, head.head_seq, snapshot.seq AS snapshot_seq,
        (SELECT e.hash FROM wal_events e
-         WHERE e.task_id = head.task_id AND e.seq = snapshot.seq) AS snapshot_hash
+         WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = head.task_id
+           AND e.seq = snapshot.seq) AS snapshot_hash
   FROM head LEFT JOIN snapshot ON true
 UNION ALL
 SELECT -1::int8, g.field, 0::int2, g.data, g.digest, g.ordinal::int8, NULL, NULL
   FROM wal_snapshot_segments g, snapshot
- WHERE g.task_id = $1 AND g.digest = ANY (snapshot.segments)
+ WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = $1
+   AND g.digest = ANY (snapshot.segments)
 UNION ALL
 (SELECT e.seq, e.type, e.version, e.payload, e.hash, NULL, NULL, NULL
    FROM wal_events e, head
-  WHERE e.task_id = head.task_id AND e.seq <= head.head_seq
+  WHERE e.tenant = current_setting('wal.tenant', true)
+     AND e.task_id = head.task_id AND e.seq <= head.head_seq
     AND e.seq > coalesce((SELECT seq FROM snapshot), 0)
   ORDER BY e.seq
   LIMIT $3)
@@ -110,7 +115,7 @@ UNION ALL
 
 READ_TAIL: Final = """
 SELECT seq, type, version, payload, hash FROM wal_events
- WHERE task_id = $1 AND seq > $2 AND seq <= $3
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq > $2 AND seq <= $3
  ORDER BY seq
  LIMIT $4
 """
@@ -129,7 +134,8 @@ WITH missing AS (
     SELECT count(*) AS n FROM unnest($6::bytea[]) AS r(digest)
      WHERE r.digest <> ALL ($9::bytea[])
        AND NOT EXISTS (SELECT 1 FROM wal_snapshot_segments g
-                        WHERE g.task_id = $1 AND g.digest = r.digest)
+                        WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = $1
+                          AND g.digest = r.digest)
 ), segments AS (
     INSERT INTO wal_snapshot_segments (task_id, field, ordinal, digest, data)
     SELECT $1, n.field, n.ordinal, n.digest, n.data
@@ -140,24 +146,26 @@ WITH missing AS (
 ), inserted AS (
     INSERT INTO wal_snapshots (task_id, seq, state, state_format, segments)
     SELECT $1, $2, $3, $4, $6 FROM missing WHERE missing.n = 0
-    ON CONFLICT (task_id, seq) DO NOTHING
+    ON CONFLICT (tenant, task_id, seq) DO NOTHING
     RETURNING seq
 ), kept AS (
     SELECT seq FROM wal_snapshots
-     WHERE task_id = $1 AND seq < $2
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
      ORDER BY seq DESC
      LIMIT $5 - 1
 ), pruned AS (
     DELETE FROM wal_snapshots
-     WHERE task_id = $1 AND seq < $2 AND seq NOT IN (SELECT seq FROM kept)
-       AND (SELECT n FROM missing) = 0
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
+       AND seq NOT IN (SELECT seq FROM kept) AND (SELECT n FROM missing) = 0
     RETURNING seq
 ), unreferenced AS (
     DELETE FROM wal_snapshot_segments g
-     WHERE g.task_id = $1 AND (SELECT n FROM missing) = 0
+     WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = $1
+       AND (SELECT n FROM missing) = 0
        AND g.digest <> ALL ($6::bytea[])
        AND NOT EXISTS (SELECT 1 FROM wal_snapshots s
-                        WHERE s.task_id = $1 AND g.digest = ANY (s.segments)
+                        WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = $1
+                          AND g.digest = ANY (s.segments)
                           AND s.seq NOT IN (SELECT seq FROM pruned))
     RETURNING 1
 )
@@ -168,12 +176,16 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned
 """
 
 DELETE_SNAPSHOTS: Final = """
-WITH snapshots AS (DELETE FROM wal_snapshots WHERE task_id = $1 RETURNING 1)
-DELETE FROM wal_snapshot_segments WHERE task_id = $1
+WITH snapshots AS (DELETE FROM wal_snapshots
+                    WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+                    RETURNING 1)
+DELETE FROM wal_snapshot_segments
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
 LATEST_SNAPSHOT_SEQ: Final = """
-SELECT max(seq) AS seq FROM wal_snapshots WHERE task_id = $1 AND state_format = $2
+SELECT max(seq) AS seq FROM wal_snapshots
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND state_format = $2
 """
 
 # A forked task: its head row (status reached through the legal walk in $4, which the insert
@@ -183,7 +195,7 @@ WITH task AS (
     INSERT INTO wal_tasks (task_id, agent, status, status_path, head_seq, head_hash, budget,
                            parent_task_id, parent_seq, attempts)
     VALUES ($1, $2, $3, $4::text[], $5, $6, $7::jsonb, $8, $9, $10)
-    ON CONFLICT (task_id) DO NOTHING
+    ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
@@ -197,7 +209,7 @@ WITH task AS (
                                     ord)
     RETURNING 1
 ), wake AS (
-    SELECT pg_notify('wal_engine_wake', task_id) FROM task
+    SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
 )
 SELECT (SELECT count(*) FROM inserted) AS events, (SELECT count(*) FROM wake) AS notified
 """

@@ -41,7 +41,7 @@ from wal_engine.errors import (
 )
 from wal_engine.redaction import Redactor, default_redactor, redact_event, redact_text
 from wal_engine.state_machine import LEASED, TERMINAL, Status
-from wal_engine.store import PendingAppend
+from wal_engine.store import PendingAppend, queries
 from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.store.store import check_history_bound
 
@@ -404,7 +404,7 @@ class TaskRun:
 
     async def _release(self, reason: str) -> None:
         await self.append([ev.TaskReleased(worker_id=self.worker.worker_id, reason=reason)])
-        await self.engine.database.fetch("SELECT pg_notify('wal_engine_wake', $1)", self.task_id)
+        await self.engine.database.fetch(queries.WAKE_WORKERS)
         self.log.info("task_released", reason=reason)
 
     async def maybe_snapshot(self) -> None:

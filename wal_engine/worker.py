@@ -49,7 +49,8 @@ reconnect_delay_max_s: Final = 5.0
 sweep_batch_max: Final = 100
 next_expiry_sql: Final = """
 SELECT extract(epoch FROM min(lease_expires_at) - now()) * 1000 AS wait_ms
-  FROM wal_tasks WHERE status IN ('RUNNING', 'CHECKPOINTED')
+  FROM wal_tasks WHERE tenant = current_setting('wal.tenant', true)
+   AND status IN ('RUNNING', 'CHECKPOINTED')
 """
 
 
@@ -269,8 +270,11 @@ class Worker:
 
         await self._with_connection("listen", None, listen)
 
-    def _on_notify(self, *_: object) -> None:
-        self._wake.set()
+    def _on_notify(self, _connection: object, _pid: object, _channel: object,
+                   payload: object) -> None:
+        # Another tenant's wake-up (same channel, its own token) is not ours to act on.
+        if payload in (self.engine.wake_token, ""):
+            self._wake.set()
 
     async def _with_connection(
         self, role: str, interval_s: float | None,
@@ -287,7 +291,8 @@ class Worker:
                 connection = await asyncpg.connect(
                     self.engine.database.dsn,
                     timeout=10,
-                    server_settings={"application_name": f"wal-engine:{self.worker_id}:{role}"},
+                    server_settings=self.engine.database.session_settings(
+                        f"wal-engine:{self.worker_id}:{role}"),
                 )
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
                 self.log.warning("worker_connect_failed", role=role, error=repr(error))

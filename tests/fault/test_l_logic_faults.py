@@ -118,7 +118,11 @@ async def test_l4_concurrent_sweepers_orphan_once_and_spare_live_leases(
     await ledgered.database.fetch("SELECT * FROM wal_claim_tasks('gone', 100, 60000)")
     await ledgered.database.fetch(
         "UPDATE wal_tasks SET lease_expires_at = now() - interval '1 second'")
-    sweepers = [await asyncpg.connect(database_dsn) for _ in range(4)]
+    # Sweepers are bound to the tenant like every engine connection (wal_break_leases
+    # breaks only the leases of its session's tenant).
+    sweepers = [await asyncpg.connect(database_dsn,
+                                      server_settings={"wal.tenant": ledgered.tenant})
+                for _ in range(4)]
     try:
         broken = await asyncio.gather(*(s.fetch("SELECT * FROM wal_break_leases(100)")
                                         for s in sweepers))

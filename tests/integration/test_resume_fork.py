@@ -321,7 +321,8 @@ async def test_missing_or_altered_segment_makes_resume_raise(
     await store.database.fetch(
         "WITH gone AS (DELETE FROM wal_snapshot_segments WHERE task_id = $1"
         " AND field = 'messages' RETURNING *)"
-        " INSERT INTO wal_snapshot_segments SELECT task_id, field, ordinal, digest,"
+        " INSERT INTO wal_snapshot_segments (tenant, task_id, field, ordinal, digest, data)"
+        " SELECT tenant, task_id, field, ordinal, digest,"
         " data || '\\x00'::bytea FROM gone", task_id)
     with pytest.raises(SnapshotCorrupt, match="digest"):
         await resume(store, task_id)

@@ -153,6 +153,9 @@ async def test_s2_owner_truncate_update_delete_blocked_by_triggers(app_dsn: str,
                           "DELETE FROM wal_signals", "TRUNCATE wal_signals"):
             async with admin.transaction():
                 await admin.execute(f"SET LOCAL ROLE {OWNER_ROLE}")
+                # Row security is forced on the owner too: name the tenant, so that the rows
+                # are visible and the triggers are what refuses.
+                await admin.execute("SET LOCAL wal.tenant = 'default'")
                 with pytest.raises(asyncpg.PostgresError) as raised:
                     await admin.execute(statement)
                 assert raised.value.sqlstate == APPEND_ONLY, statement

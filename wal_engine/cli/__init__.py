@@ -2,10 +2,11 @@
 
 Every command on the log takes ``--dsn`` (default ``WAL_ENGINE_DSN``, else the embedded
 server), and those that open an engine take ``--development`` (the security self-test
-then lets a superuser through); reading commands take ``--json`` for one JSON object per
-line. ``bench`` hands its arguments to the benchmark suite (``python -m benchmarks``).
-Errors are one line on standard error with the exit codes listed in
-:mod:`wal_engine.cli.common`.
+then lets a superuser through); ``wal-engine --tenant T <command>`` works on tenant T's
+tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
+``--json`` for one JSON object per line. ``bench`` hands its arguments to the benchmark
+suite (``python -m benchmarks``). Errors are one line on standard error with the exit codes
+listed in :mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import click
 from wal_engine import __version__
 from wal_engine.cli.anchoring import anchor, anchor_keygen
 from wal_engine.cli.audit import history, show, tasks, verify
-from wal_engine.cli.common import MainGroup
+from wal_engine.cli.common import MainGroup, tenant_option
 from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
 
 
 @click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="wal-engine")
-def main() -> None:
+@tenant_option
+def main(tenant: str | None) -> None:
     """wal-engine: durable LLM-agent tasks on a PostgreSQL write-ahead log."""
 
 

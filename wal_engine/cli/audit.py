@@ -36,7 +36,9 @@ from wal_engine.cli.render import (
 from wal_engine.state_machine import Status
 from wal_engine.store import Store
 
-COUNT_TASKS: Final = "SELECT count(*) AS tasks FROM wal_tasks"
+COUNT_TASKS: Final = """
+SELECT count(*) AS tasks FROM wal_tasks WHERE tenant = current_setting('wal.tenant', true)
+"""
 verify_page_tasks: Final = 500
 verify_concurrency: Final = 4
 """Tasks verified at once (each holds one pooled connection while it streams its log)."""

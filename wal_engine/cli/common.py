@@ -45,7 +45,7 @@ from wal_engine.errors import (
 )
 from wal_engine.logs import configure_logging
 from wal_engine.security import DEVELOPMENT_ENV
-from wal_engine.store.connection import DSN_ENV, redact_dsn
+from wal_engine.store.connection import DSN_ENV, TENANT_ENV, redact_dsn, resolve_tenant
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
@@ -119,6 +119,32 @@ def development_requested() -> bool | None:
     engine decides from the setup (never False: the flag only relaxes, nothing tightens)."""
     context = click.get_current_context(silent=True)
     return True if context is not None and context.meta.get(DEVELOPMENT_META) else None
+
+
+def _check_tenant(_context: click.Context, _parameter: click.Parameter,
+                  value: str | None) -> str | None:
+    try:
+        return None if value is None else resolve_tenant(value)
+    except InvalidInput as error:
+        raise click.BadParameter(str(error)) from error
+
+
+def tenant_option(function: F) -> F:
+    """``--tenant`` (on the command group): the tenant whose tasks every command sees."""
+    return click.option(
+        "--tenant", envvar=TENANT_ENV, default=None, metavar="TENANT",
+        callback=_check_tenant,
+        help=f"The tenant to work on (default: {TENANT_ENV}, else 'default').",
+    )(function)
+
+
+def current_tenant() -> str | None:
+    """The ``--tenant`` given to the command group, if any."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return None
+    tenant = context.find_root().params.get("tenant")
+    return tenant if isinstance(tenant, str) else None
 
 
 def json_option(function: F) -> F:
@@ -262,7 +288,7 @@ async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[
 
     engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
                            pool_size_max=cli_pool_size_max,
-                           development=development_requested())
+                           development=development_requested(), tenant=current_tenant())
     try:
         yield engine
     finally:

@@ -20,16 +20,23 @@ from wal_engine.errors import (
     CorruptionError,
     DatabaseUnavailable,
     SchemaMismatch,
+    TaskQuotaExceeded,
 )
+from wal_engine.ids import DEFAULT_TENANT, validate_tenant
 from wal_engine.security import enforce_runtime_role
 from wal_engine.store import queries, sqlstate
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The schema version this code reads and writes (``wal_schema_version``)."""
 
 DSN_ENV: Final = "WAL_ENGINE_DSN"
+TENANT_ENV: Final = "WAL_ENGINE_TENANT"
+TENANT_SETTING: Final = "wal.tenant"
+"""The setting every statement and row-security policy reads the tenant from."""
+TASKS_MAX_SETTING: Final = "wal.tasks_max"
+"""The engine's cap on its tenant's tasks, read by the counting trigger."""
 EMBEDDED_DATABASE: Final = "wal_engine"
 
 CONNECTION_ERRORS: Final = (
@@ -91,6 +98,24 @@ async def resolve_dsn(dsn: str | None = None) -> str:
     return with_database(server_dsn, EMBEDDED_DATABASE)
 
 
+def resolve_tenant(tenant: str | None = None) -> str:
+    """The tenant argument, else ``WAL_ENGINE_TENANT``, else ``"default"``; validated
+    (:class:`~wal_engine.errors.InvalidTenant`)."""
+    if tenant is None:
+        tenant = os.environ.get(TENANT_ENV) or DEFAULT_TENANT
+    return validate_tenant(tenant)
+
+
+def session_settings(tenant: str, application_name: str, *,
+                     tasks_max: int | None = None) -> dict[str, str]:
+    """The startup parameters of an engine connection: its tenant (and cap), bound for the
+    session's life at no round trip (``docs/architecture.md``, decision 23)."""
+    settings = {"application_name": application_name, TENANT_SETTING: validate_tenant(tenant)}
+    if tasks_max is not None:
+        settings[TASKS_MAX_SETTING] = str(int(tasks_max))
+    return settings
+
+
 def with_database(dsn: str, database: str) -> str:
     """The same server DSN pointing at another database."""
     parts = urllib.parse.urlsplit(dsn)
@@ -114,9 +139,10 @@ async def ensure_database(server_dsn: str, database: str) -> None:
         await connection.close()
 
 
-async def _connect_once(dsn: str) -> asyncpg.Connection:
+async def _connect_once(dsn: str, settings: dict[str, str] | None = None) -> asyncpg.Connection:
     try:
-        return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s)
+        return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
+                                     server_settings=settings)
     except (*CONNECTION_ERRORS, asyncpg.exceptions.InvalidCatalogNameError) as error:
         raise DatabaseUnavailable(redact_dsn(dsn), str(error) or type(error).__name__) from error
     except asyncpg.exceptions.InvalidAuthorizationSpecificationError as error:
@@ -177,8 +203,9 @@ async def _release_connection(connection: asyncpg.Connection) -> None:
     asyncpg's default reset runs ``RESET ALL; UNLISTEN *; CLOSE ALL; ...`` on every release:
     a second round trip for every statement. The engine leaves no session state on pooled
     connections (LISTEN and heartbeats use dedicated connections, settings are transaction-
-    local), so that reset buys nothing; code handed a pooled connection (``ctx.transaction``)
-    must likewise use ``SET LOCAL``, never ``SET``.
+    local; the tenant is a startup parameter, which ``RESET ALL`` would keep anyway), so that
+    reset buys nothing; code handed a pooled connection (``ctx.transaction``) must likewise
+    use ``SET LOCAL``, never ``SET``.
     """
     if connection.is_in_transaction():
         await connection.execute("ROLLBACK")
@@ -187,10 +214,19 @@ async def _release_connection(connection: asyncpg.Connection) -> None:
 class Database:
     """A pool plus the error translation every statement goes through."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, dsn: str, *, tenant: str = DEFAULT_TENANT,
+                 tasks_max: int | None = None) -> None:
         self.pool = pool
         self.dsn = dsn
         self.dsn_redacted = redact_dsn(dsn)
+        self.tenant = validate_tenant(tenant)
+        """The one tenant every connection of this database is bound to."""
+        self.tasks_max = tasks_max
+        """The engine's cap on the tenant's tasks (None: only the administrator's)."""
+
+    def session_settings(self, application_name: str) -> dict[str, str]:
+        """Startup parameters for another connection of this database (same tenant)."""
+        return session_settings(self.tenant, application_name, tasks_max=self.tasks_max)
 
     @classmethod
     async def open(
@@ -203,6 +239,8 @@ class Database:
         application_name: str = "wal-engine:pool",
         require_synchronous_commit: bool = True,
         development: bool | None = None,
+        tenant: str | None = None,
+        tasks_max: int | None = None,
     ) -> Database:
         """Resolve the DSN, open a pool, run the security self-test, apply or check the
         schema, check durability.
@@ -210,10 +248,16 @@ class Database:
         The self-test (:mod:`wal_engine.security`) refuses a superuser, a BYPASSRLS role or
         an owner of the log unless ``development`` is true; None decides from the setup
         (the embedded server and ``WAL_ENGINE_DEVELOPMENT=1`` are development setups).
+        Every connection is bound to ``tenant`` (default ``WAL_ENGINE_TENANT``, else
+        ``"default"``) by a startup parameter; ``tasks_max`` caps the tenant's tasks.
         """
+        tenant = resolve_tenant(tenant)
+        if tasks_max is not None and tasks_max < 0:
+            raise ConfigurationError("tasks_max must be >= 0")
         embedded_dsn = not dsn and not os.environ.get(DSN_ENV)
         resolved = await resolve_dsn(dsn)
-        first = await _connect_once(resolved)
+        first = await _connect_once(
+            resolved, session_settings(tenant, application_name, tasks_max=tasks_max))
         try:
             await enforce_runtime_role(first, development=development, embedded_dsn=embedded_dsn,
                                        require_synchronous_commit=False)
@@ -227,13 +271,14 @@ class Database:
                 max_size=max_size,
                 timeout=limits.connect_timeout_s,
                 command_timeout=limits.command_timeout_s,
-                server_settings={"application_name": application_name},
+                server_settings=session_settings(tenant, application_name,
+                                                 tasks_max=tasks_max),
                 reset=_release_connection,
             )
         except CONNECTION_ERRORS as error:
             raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
         assert pool is not None
-        return cls(pool, resolved)
+        return cls(pool, resolved, tenant=tenant, tasks_max=tasks_max)
 
     async def close(self) -> None:
         """Close the pool (waits for connections in use to be released)."""
@@ -253,7 +298,8 @@ class Database:
                 if connection is not None:
                     return list(await connection.fetch(query, *args))
                 if fresh:
-                    own = await _connect_once(self.dsn)
+                    own = await _connect_once(self.dsn,
+                                              self.session_settings("wal-engine:resolve"))
                     try:
                         return list(await own.fetch(query, *args))
                     finally:
@@ -270,6 +316,8 @@ class Database:
                     translated = sqlstate.translate(error, task_id)
                     if translated is None:
                         raise
+                    if isinstance(translated, TaskQuotaExceeded):
+                        translated = TaskQuotaExceeded(self.tenant, translated.tasks_max)
                     raise translated from error
                 # Rolled back whole: outside a caller's transaction it may simply run again.
                 if connection is not None or attempt == statement_attempts_max:

@@ -2,6 +2,13 @@
 
 Each hot statement touches one task (or, for group commit, a bounded set of tasks) and
 is one round trip. Multi-row reads carry a LIMIT.
+
+Tenancy: every statement names the tenant of its session (the setting ``wal.tenant``, sent
+in the startup packet of every engine connection) as ``tenant = current_setting('wal.tenant',
+true)``, the leading column of every key, so it probes the same primary-key index as
+before and stays correct where row-level security does not apply (a superuser). Inserts
+take the tenant from the columns' default, the same setting; row security (as the
+application role) checks it again. Joins between tables join on the tenant as well.
 """
 
 from __future__ import annotations
@@ -39,14 +46,14 @@ WITH task AS (
     INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, budget,
                            parent_task_id, parent_seq)
     VALUES ($1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9)
-    ON CONFLICT (task_id) DO NOTHING
+    ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), event AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
     SELECT task.task_id, 1, $3, $4, 0, $5, $10, $6 FROM task
     RETURNING seq
 ), wake AS (
-    SELECT pg_notify('wal_engine_wake', task_id) FROM task
+    SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
 )
 SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS notified
 """
@@ -61,7 +68,8 @@ SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS n
 # checks the walk; wal_tasks.head_seq/head_hash are the head as of that last move.
 PREVIOUS_OK: Final = """
     SELECT 1 FROM wal_events p
-     WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $4 AND p.epoch = $2
+     WHERE p.tenant = current_setting('wal.tenant', true) AND p.task_id = $1 AND p.seq = $3
+       AND p.hash = $4 AND p.epoch = $2
        AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
 """
 
@@ -73,7 +81,8 @@ LEASE_DROPPED_TYPES: Final = ("signal_awaited", "timer_started", "task_released"
 
 PREVIOUS_OK_LEASED: Final = f"""
     SELECT 1 FROM wal_events p
-     WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $4 AND p.epoch = $2
+     WHERE p.tenant = current_setting('wal.tenant', true) AND p.task_id = $1 AND p.seq = $3
+       AND p.hash = $4 AND p.epoch = $2
        AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled',
                           {", ".join(repr(t) for t in LEASE_DROPPED_TYPES)})
 """
@@ -116,7 +125,8 @@ WITH head AS (
                               THEN NULL ELSE lease_owner END,
            lease_expires_at = CASE WHEN $11 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                                    THEN NULL ELSE lease_expires_at END
-     WHERE task_id = $1 AND lease_epoch = $2 AND EXISTS ({PREVIOUS_OK})
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND lease_epoch = $2
+       AND EXISTS ({PREVIOUS_OK})
  RETURNING task_id
 )
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
@@ -143,7 +153,8 @@ WITH batch AS (
                                     n, i)
 ), fenced AS (
     SELECT batch.* FROM batch
-      JOIN wal_events p ON p.task_id = batch.task_id AND p.seq = batch.expected_seq
+      JOIN wal_events p ON p.tenant = current_setting('wal.tenant', true)
+       AND p.task_id = batch.task_id AND p.seq = batch.expected_seq
        AND p.hash = batch.prev_hash AND p.epoch = batch.epoch
        AND p.type NOT IN ('task_completed', 'task_failed', 'task_cancelled')
        AND (batch.new_status IS NOT NULL
@@ -164,7 +175,8 @@ WITH batch AS (
                                                          'FAILED')
                                    THEN NULL ELSE t.lease_expires_at END
       FROM fenced AS f
-     WHERE f.new_status IS NOT NULL AND t.task_id = ANY ($1::text[])
+     WHERE f.new_status IS NOT NULL AND t.tenant = current_setting('wal.tenant', true)
+       AND t.task_id = ANY ($1::text[])
        AND t.task_id = f.task_id AND t.lease_epoch = f.epoch
  RETURNING f.i
 ), accepted AS (
@@ -195,31 +207,37 @@ SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_has
        t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
        t.started_at, t.updated_at
   FROM wal_tasks t
-  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                       ORDER BY e.seq DESC LIMIT 1) AS last
- WHERE t.task_id = $1
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                      WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                      ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 """
 
 # The last event of a task (to classify a refused append).
 READ_LAST_EVENT: Final = """
-SELECT seq, epoch, type FROM wal_events WHERE task_id = $1 ORDER BY seq DESC LIMIT 1
+SELECT seq, epoch, type FROM wal_events
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+ ORDER BY seq DESC LIMIT 1
 """
 
 # The head as the task row records it (last status move), for verification.
-READ_RECORDED_HEAD: Final = "SELECT head_seq, head_hash FROM wal_tasks WHERE task_id = $1"
+READ_RECORDED_HEAD: Final = """
+SELECT head_seq, head_hash FROM wal_tasks WHERE tenant = current_setting('wal.tenant', true)
+ AND task_id = $1
+"""
 
 READ_EVENTS: Final = """
 SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
        recorded_at
   FROM wal_events
- WHERE task_id = $1 AND seq >= $2 AND seq <= $3
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq >= $2 AND seq <= $3
  ORDER BY seq
  LIMIT $4
 """
 
 READ_EVENT_HASHES: Final = """
 SELECT seq, hash FROM wal_events
- WHERE task_id = $1 AND seq >= $2 AND seq <= $3
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq >= $2 AND seq <= $3
  ORDER BY seq
  LIMIT $4
 """
@@ -230,9 +248,10 @@ SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_has
        t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
        t.started_at, t.updated_at
   FROM wal_tasks t
-  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e WHERE e.task_id = t.task_id
-                       ORDER BY e.seq DESC LIMIT 1) AS last
- WHERE t.task_id > $1 {filters}
+  CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
+                      WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                      ORDER BY e.seq DESC LIMIT 1) AS last
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id > $1 {filters}
  ORDER BY t.task_id
  LIMIT $2
 """
@@ -252,7 +271,8 @@ RENEW_LEASES: Final = """
 UPDATE wal_tasks AS t
    SET lease_expires_at = now() + $3 * interval '1 millisecond'
   FROM unnest($1::text[], $2::int8[]) AS h(task_id, epoch)
- WHERE t.task_id = h.task_id AND t.lease_epoch = h.epoch
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = h.task_id
+   AND t.lease_epoch = h.epoch
    AND t.status IN ('RUNNING', 'CHECKPOINTED')
 RETURNING t.task_id
 """
@@ -267,7 +287,8 @@ CANCEL_TASK: Final = "SELECT wal_cancel_task($1, $2, $3) AS cancelled"
 
 READ_SIGNALS: Final = """
 SELECT signal_id, name, payload, sent_at FROM wal_signals
- WHERE task_id = $1 AND name = $2 AND signal_id <> ALL($3::int8[])
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND name = $2
+   AND signal_id <> ALL($3::int8[])
  ORDER BY signal_id
  LIMIT $4
 """
@@ -275,5 +296,10 @@ SELECT signal_id, name, payload, sent_at FROM wal_signals
 DATABASE_NOW: Final = "SELECT now() AS now"
 
 NEXT_WAKE: Final = """
-SELECT min(wake_at) AS wake_at FROM wal_tasks WHERE status = 'WAITING' AND wake_at IS NOT NULL
+SELECT min(wake_at) AS wake_at FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND status = 'WAITING' AND wake_at IS NOT NULL
 """
+
+# Wake idle workers of this tenant: the payload is the tenant's opaque token, never a task
+# id (NOTIFY is not filtered by row security).
+WAKE_WORKERS: Final = "SELECT pg_notify('wal_engine_wake', wal_wake_token())"

@@ -10,6 +10,7 @@ from wal_engine.errors import (
     AppendOnlyViolation,
     IllegalTransition,
     InvalidInput,
+    TaskQuotaExceeded,
     UnknownTask,
     WalError,
 )
@@ -18,6 +19,7 @@ ILLEGAL_TRANSITION: Final = "WE001"
 APPEND_ONLY: Final = "WE002"
 HEAD_REGRESSED: Final = "WE003"
 UNKNOWN_TASK: Final = "WE004"
+TASK_QUOTA: Final = "WE005"
 CHECK_VIOLATION: Final = "23514"
 """Builtin codes the engine reacts to."""
 
@@ -51,6 +53,9 @@ def translate(error: asyncpg.PostgresError, task_id: str | None = None) -> WalEr
         return IllegalTransition(task_id, "terminal or regressed head", "append")
     if code == UNKNOWN_TASK:
         return UnknownTask(task_id or "?")
+    if code == TASK_QUOTA:
+        detail = str(error.detail or "")
+        return TaskQuotaExceeded(None, int(detail) if detail.isdigit() else None)
     if code in _input_codes:
         return InvalidInput(f"rejected by PostgreSQL ({code}): {error}")
     return None

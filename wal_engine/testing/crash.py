@@ -46,24 +46,27 @@ run_timeout_s_default: Final = 30.0
 
 EXPIRE_LEASES: Final = """
 UPDATE wal_tasks SET lease_expires_at = now() - interval '1 millisecond'
- WHERE status IN ('RUNNING', 'CHECKPOINTED') AND lease_expires_at IS NOT NULL
+ WHERE tenant = current_setting('wal.tenant', true) AND status IN ('RUNNING', 'CHECKPOINTED')
+   AND lease_expires_at IS NOT NULL
    AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))
 """
 BREAK_LEASES: Final = "SELECT count(*) AS broken FROM wal_break_leases($1)"
 ADVANCE_TIMERS: Final = """
 UPDATE wal_tasks SET wake_at = now()
- WHERE status = 'WAITING' AND wake_at > now()
+ WHERE tenant = current_setting('wal.tenant', true) AND status = 'WAITING' AND wake_at > now()
    AND ($1 OR waiting_signal IS NULL)
 RETURNING task_id
 """
 WAITING_FOR_SIGNAL: Final = """
 SELECT task_id, waiting_signal FROM wal_tasks
- WHERE status = 'WAITING' AND waiting_signal IS NOT NULL
+ WHERE tenant = current_setting('wal.tenant', true)
+    AND status = 'WAITING' AND waiting_signal IS NOT NULL
    AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))
  ORDER BY task_id LIMIT 10000
 """
 OPEN_TASKS: Final = """
-SELECT task_id FROM wal_tasks WHERE status NOT IN ('COMPLETED', 'FAILED')
+SELECT task_id FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND status NOT IN ('COMPLETED', 'FAILED')
    AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))
  ORDER BY task_id LIMIT 10000
 """
@@ -267,19 +270,22 @@ __all__ = [
 
 async def open_database(dsn: str, *, command_timeout_s: float | None = None,
                         pool_size_max: int = 10,
-                        application_name: str = "wal-engine-test") -> Database:
+                        application_name: str = "wal-engine-test",
+                        tenant: str | None = None) -> Database:
     """A :class:`~wal_engine.store.Database` with its own command timeout (no schema check):
     for fake services and harness reads that must give up fast under network faults."""
     import asyncpg
 
     from wal_engine import limits
+    from wal_engine.store.connection import resolve_tenant, session_settings
 
+    tenant = resolve_tenant(tenant)
     pool = await asyncpg.create_pool(
         dsn, min_size=1, max_size=pool_size_max, timeout=limits.connect_timeout_s,
         command_timeout=command_timeout_s or limits.command_timeout_s,
-        server_settings={"application_name": application_name})
+        server_settings=session_settings(tenant, application_name))
     assert pool is not None
-    return Database(pool, dsn)
+    return Database(pool, dsn, tenant=tenant)
 
 
 async def connect_engine(dsn: str, *, command_timeout_s: float | None = None,

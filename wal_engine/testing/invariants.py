@@ -41,20 +41,22 @@ READ_ALL_EVENTS: Final = """
 SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
        recorded_at
   FROM wal_events
- WHERE $1::text[] IS NULL OR task_id = ANY($1::text[])
+ WHERE tenant = current_setting('wal.tenant', true)
+    AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))
  ORDER BY task_id, seq
  LIMIT $2
 """
 READ_HEADS: Final = """
 SELECT task_id, head_seq, head_hash, status FROM wal_tasks
- WHERE $1::text[] IS NULL OR task_id = ANY($1::text[])
+ WHERE tenant = current_setting('wal.tenant', true)
+    AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))
  ORDER BY task_id
  LIMIT $2
 """
 READ_HASHES: Final = """
 SELECT e.task_id, e.seq, e.hash
   FROM wal_events e JOIN unnest($1::text[], $2::int8[]) AS a(task_id, seq)
-       ON e.task_id = a.task_id AND e.seq = a.seq
+       ON e.tenant = current_setting('wal.tenant', true) AND e.task_id = a.task_id AND e.seq = a.seq
 """
 
 

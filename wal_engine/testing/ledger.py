@@ -76,8 +76,9 @@ LEDGER_SCHEMA: Final = (
 # and then counted as stale instead of delivered.
 DELIVER: Final = """
 WITH verdict AS (
-    SELECT $7::bool AND coalesce((SELECT lease_epoch FROM wal_tasks WHERE task_id = $2) > $6,
-                                 false) AS stale
+    SELECT $7::bool AND coalesce((SELECT lease_epoch FROM wal_tasks
+                                   WHERE tenant = current_setting('wal.tenant', true)
+                                     AND task_id = $2) > $6, false) AS stale
 )
 INSERT INTO wal_test_effects AS e (key, task_id, tool, tool_class, deliveries, stale_rejected,
                                    owners, epochs)

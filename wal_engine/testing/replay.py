@@ -159,7 +159,7 @@ VALUES ($1, $2, 'QUEUED', 1, $3, 0)
 MOVE_HEAD: Final = """
 UPDATE wal_tasks SET status = $2, status_path = $3::text[], head_seq = $4, head_hash = $5,
                      lease_epoch = $6, attempts = $7
- WHERE task_id = $1
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
 

@@ -16,7 +16,7 @@ import asyncpg
 from wal_engine import limits
 from wal_engine.errors import DatabaseUnavailable
 from wal_engine.store import Database
-from wal_engine.store.connection import CONNECTION_ERRORS, redact_dsn
+from wal_engine.store.connection import CONNECTION_ERRORS, redact_dsn, session_settings
 
 pool_size_max: Final = 10
 """Connections of the saver's pool (LangGraph writes one thread's steps one at a time)."""
@@ -26,14 +26,18 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """Release hook: nothing beyond asyncpg's own rollback (see the module docstring)."""
 
 
-async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max) -> Database:
+async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max,
+                        tenant: str | None = None) -> Database:
     """A :class:`Database` on ``dsn`` whose pool keeps sessions on release.
 
     The DSN is resolved, the schema applied or checked and durability checked exactly as
-    :meth:`Database.open` does (it runs first, on one connection).
+    :meth:`Database.open` does (it runs first, on one connection). Its connections are
+    bound to ``tenant`` (default ``WAL_ENGINE_TENANT``, else ``"default"``) like an
+    engine's.
     """
-    checked = await Database.open(dsn, min_size=1, max_size=1)
+    checked = await Database.open(dsn, min_size=1, max_size=1, tenant=tenant)
     resolved = checked.dsn
+    tenant = checked.tenant
     await checked.close()
     try:
         pool = await asyncpg.create_pool(
@@ -42,10 +46,10 @@ async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max
             max_size=max_size,
             timeout=limits.connect_timeout_s,
             command_timeout=limits.command_timeout_s,
-            server_settings={"application_name": "wal-engine:langgraph"},
+            server_settings=session_settings(tenant, "wal-engine:langgraph"),
             reset=_keep_session,
         )
     except CONNECTION_ERRORS as error:
         raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
     assert pool is not None
-    return Database(pool, resolved)
+    return Database(pool, resolved, tenant=tenant)

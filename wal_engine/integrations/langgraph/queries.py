@@ -19,6 +19,11 @@ rows before it that it names.
 
 Statements with optional filters come in one variant per shape, so that PostgreSQL's
 generic plans of the prepared statements always use the primary keys.
+
+Tenancy, as in ``wal_engine/store/queries.py``: each table has a ``tenant`` column (default
+the session's ``wal.tenant``) leading its primary key, row-level security is enabled and
+forced on it, and every statement names ``tenant = current_setting('wal.tenant', true)``
+and joins on the tenant.
 """
 
 from __future__ import annotations
@@ -29,27 +34,82 @@ SETUP_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('wal_engine.langgraph
 
 SETUP: Final = """
 CREATE TABLE IF NOT EXISTS wal_graph_threads (
-    task_id   text PRIMARY KEY,
-    thread_id text NOT NULL
+    tenant    text NOT NULL DEFAULT current_setting('wal.tenant'),
+    task_id   text NOT NULL,
+    thread_id text NOT NULL,
+    CONSTRAINT wal_graph_threads_pkey PRIMARY KEY (tenant, task_id)
 );
 CREATE TABLE IF NOT EXISTS wal_graph_checkpoints (
+    tenant        text NOT NULL DEFAULT current_setting('wal.tenant'),
     task_id       text NOT NULL,
     checkpoint_ns text NOT NULL,
     checkpoint_id text NOT NULL,
     seq           bigint NOT NULL,
     run_id        text,
     ref_seqs      bigint[] NOT NULL DEFAULT '{}',
-    PRIMARY KEY (task_id, checkpoint_ns, checkpoint_id)
+    CONSTRAINT wal_graph_checkpoints_pkey PRIMARY KEY (tenant, task_id, checkpoint_ns,
+                                                       checkpoint_id)
 );
-CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_run
-    ON wal_graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS wal_graph_writes (
+    tenant        text NOT NULL DEFAULT current_setting('wal.tenant'),
     task_id       text NOT NULL,
     checkpoint_ns text NOT NULL,
     checkpoint_id text NOT NULL,
     seq           bigint NOT NULL,
-    PRIMARY KEY (task_id, checkpoint_ns, checkpoint_id, seq)
+    CONSTRAINT wal_graph_writes_pkey PRIMARY KEY (tenant, task_id, checkpoint_ns,
+                                                  checkpoint_id, seq)
 );
+-- Tables made before tenants: their rows become tenant 'default', keys get the tenant
+-- first; then row-level security. Each step checks first (this runs at every setup).
+DO $tenancy$
+DECLARE
+    wanted record;
+BEGIN
+    FOR wanted IN
+        SELECT * FROM (VALUES
+            ('wal_graph_threads', 'PRIMARY KEY (tenant, task_id)'),
+            ('wal_graph_checkpoints',
+             'PRIMARY KEY (tenant, task_id, checkpoint_ns, checkpoint_id)'),
+            ('wal_graph_writes',
+             'PRIMARY KEY (tenant, task_id, checkpoint_ns, checkpoint_id, seq)')
+        ) AS w(table_name, definition)
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+                        WHERE a.attrelid = wanted.table_name::regclass
+                          AND a.attname = 'tenant' AND NOT a.attisdropped) THEN
+            EXECUTE format('ALTER TABLE %I ADD COLUMN tenant text NOT NULL DEFAULT %L',
+                           wanted.table_name, 'default');
+            EXECUTE format('ALTER TABLE %I ALTER COLUMN tenant SET DEFAULT '
+                           'current_setting(%L)', wanted.table_name, 'wal.tenant');
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint c
+                        WHERE c.conrelid = wanted.table_name::regclass
+                          AND c.conname = wanted.table_name || '_pkey'
+                          AND pg_get_constraintdef(c.oid) = wanted.definition) THEN
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT IF EXISTS %I, ADD CONSTRAINT %I %s',
+                           wanted.table_name, wanted.table_name || '_pkey',
+                           wanted.table_name || '_pkey', wanted.definition);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_class c
+                        WHERE c.oid = wanted.table_name::regclass
+                          AND c.relrowsecurity AND c.relforcerowsecurity) THEN
+            EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', wanted.table_name);
+            EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', wanted.table_name);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_policy p
+                        WHERE p.polrelid = wanted.table_name::regclass
+                          AND p.polname = 'wal_tenant_isolation') THEN
+            EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                           'USING (tenant = current_setting(%L, true)) '
+                           'WITH CHECK (tenant = current_setting(%L, true))',
+                           wanted.table_name, 'wal.tenant', 'wal.tenant');
+        END IF;
+    END LOOP;
+END;
+$tenancy$;
+DROP INDEX IF EXISTS wal_graph_checkpoints_by_run;
+CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_tenant_run
+    ON wal_graph_checkpoints (tenant, run_id) WHERE run_id IS NOT NULL;
 """
 
 # ----------------------------------------------------------------------------- appends
@@ -64,7 +124,8 @@ CREATE TABLE IF NOT EXISTS wal_graph_writes (
 _APPEND: Final = """
 WITH head AS (
     UPDATE wal_tasks SET head_seq = $3 + 1, head_hash = $5, updated_at = now()
-     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+       AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
     RETURNING task_id
 ), appended AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
@@ -83,7 +144,7 @@ APPEND_CHECKPOINT: Final = _APPEND + """, indexed AS (
     INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id,
                                        ref_seqs)
     SELECT $1, $9, $10, seq, $11, $12::int8[] FROM appended
-    ON CONFLICT (task_id, checkpoint_ns, checkpoint_id)
+    ON CONFLICT (tenant, task_id, checkpoint_ns, checkpoint_id)
     DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id, ref_seqs = EXCLUDED.ref_seqs
 )
 SELECT seq FROM appended
@@ -100,24 +161,27 @@ SELECT seq FROM appended
 # ----------------------------------------------------------------------------- leases
 
 READ_LEASE: Final = """
-SELECT status, lease_epoch, lease_owner, head_seq, head_hash FROM wal_tasks WHERE task_id = $1
+SELECT status, lease_epoch, lease_owner, head_seq, head_hash FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
 LOCK_TASK: Final = """
 SELECT agent, status, lease_epoch, lease_owner, attempts FROM wal_tasks
- WHERE task_id = $1
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
    FOR UPDATE
 """
 
 LOCK_TASK_FENCED: Final = """
-SELECT head_seq, head_hash FROM wal_tasks WHERE task_id = $1 AND lease_epoch = $2 FOR UPDATE
+SELECT head_seq, head_hash FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND lease_epoch = $2
+   FOR UPDATE
 """
 
 # A takeover of a task still leased by another writer (presumed gone): fence it by bumping
 # the epoch and record the orphaning, as wal_break_leases does for expired leases.
 ORPHAN_TASK: Final = """
 UPDATE wal_tasks SET lease_epoch = $2, lease_owner = NULL, lease_expires_at = NULL
- WHERE task_id = $1
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
 EMIT: Final = "SELECT wal_emit($1, $2, $3::jsonb, $4, $5)"
@@ -130,11 +194,12 @@ UPDATE wal_tasks t
    SET lease_epoch = $2, lease_owner = $3, lease_expires_at = NULL, wake_at = NULL,
        waiting_signal = NULL, attempts = t.attempts + 1,
        started_at = coalesce(t.started_at, now())
- WHERE t.task_id = $1
+ WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 """
 
 MAP_THREAD: Final = """
-INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $2) ON CONFLICT DO NOTHING
+INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $2)
+ON CONFLICT (tenant, task_id) DO NOTHING
 """
 
 # ----------------------------------------------------------------------------- reads
@@ -144,40 +209,45 @@ INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $2) ON CONFLICT D
 _CHECKPOINT_COLUMNS: Final = """
 SELECT c.task_id, c.checkpoint_ns, c.checkpoint_id, c.seq, e.version, e.payload,
        ARRAY(SELECT ROW(r.seq, r.version, r.payload) FROM wal_events r
-              WHERE r.task_id = c.task_id AND r.seq = ANY(c.ref_seqs)) AS refs,
+              WHERE r.tenant = c.tenant AND r.task_id = c.task_id
+                AND r.seq = ANY(c.ref_seqs)) AS refs,
        ARRAY(SELECT ROW(we.seq, we.version, we.payload) FROM wal_graph_writes w
-               JOIN wal_events we ON we.task_id = w.task_id AND we.seq = w.seq
-              WHERE w.task_id = c.task_id AND w.checkpoint_ns = c.checkpoint_ns
+               JOIN wal_events we ON we.tenant = w.tenant AND we.task_id = w.task_id
+                AND we.seq = w.seq
+              WHERE w.tenant = c.tenant AND w.task_id = c.task_id
+                AND w.checkpoint_ns = c.checkpoint_ns
                 AND w.checkpoint_id = c.checkpoint_id
               ORDER BY w.seq
               LIMIT {writes_limit}) AS writes
   FROM wal_graph_checkpoints c
-  JOIN wal_events e ON e.task_id = c.task_id AND e.seq = c.seq
+  JOIN wal_events e ON e.tenant = c.tenant AND e.task_id = c.task_id AND e.seq = c.seq
 """
 
 # The newest checkpoint of a namespace (uuid6 ids sort by time, as LangGraph relies on).
 READ_LATEST: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$3") + """
- WHERE c.task_id = $1 AND c.checkpoint_ns = $2
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
  ORDER BY c.checkpoint_id DESC
  LIMIT 1
 """
 
 READ_BY_ID: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$4") + """
- WHERE c.task_id = $1 AND c.checkpoint_ns = $2 AND c.checkpoint_id = $3
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
+   AND c.checkpoint_id = $3
 """
 
 # Only what a put needs of its parent: the parent's event (values, refs, versions).
 READ_PARENT: Final = """
 SELECT c.seq, e.version, e.payload
   FROM wal_graph_checkpoints c
-  JOIN wal_events e ON e.task_id = c.task_id AND e.seq = c.seq
- WHERE c.task_id = $1 AND c.checkpoint_ns = $2 AND c.checkpoint_id = $3
+  JOIN wal_events e ON e.tenant = c.tenant AND e.task_id = c.task_id AND e.seq = c.seq
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
+   AND c.checkpoint_id = $3
 """
 
 # A page of one namespace of a thread, newest first: ids below $3 (the ``before`` config or
 # the page cursor), metadata containing $4.
 LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
- WHERE c.task_id = $1 AND c.checkpoint_ns = $2
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
    AND ($3::text IS NULL OR c.checkpoint_id < $3)
    AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
  ORDER BY c.checkpoint_id DESC
@@ -186,7 +256,7 @@ LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
 
 # A page of every namespace of a thread; cursor ($5 id, $6 namespace) of the last row.
 LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
- WHERE c.task_id = $1
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1
    AND ($2::text IS NULL OR c.checkpoint_id < $2)
    AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
    AND ($4::text IS NULL OR (c.checkpoint_id, c.checkpoint_ns) < ($4, $5::text))
@@ -196,7 +266,8 @@ LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
 
 # A page across every thread (``list(None, ...)``); cursor ($3 id, $4 task, $5 namespace).
 LIST_ALL: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
- WHERE ($1::text IS NULL OR c.checkpoint_id < $1)
+ WHERE c.tenant = current_setting('wal.tenant', true)
+   AND ($1::text IS NULL OR c.checkpoint_id < $1)
    AND ($2::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $2::jsonb)
    AND ($3::text IS NULL
         OR (c.checkpoint_id, c.task_id, c.checkpoint_ns) < ($3, $4::text, $5::text))
@@ -205,29 +276,35 @@ LIST_ALL: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
 """
 
 THREAD_IDS: Final = """
-SELECT task_id, thread_id FROM wal_graph_threads WHERE task_id = ANY($1::text[])
+SELECT task_id, thread_id FROM wal_graph_threads
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = ANY($1::text[])
 """
 
 # ----------------------------------------------------------------------------- retention
 
 THREAD_COUNTS: Final = """
-SELECT (SELECT count(*) FROM wal_graph_checkpoints WHERE task_id = $1) AS checkpoints,
-       (SELECT count(*) FROM wal_graph_writes WHERE task_id = $1) AS writes
+SELECT (SELECT count(*) FROM wal_graph_checkpoints
+         WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1) AS checkpoints,
+       (SELECT count(*) FROM wal_graph_writes
+         WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1) AS writes
 """
 
 LATEST_PER_NAMESPACE: Final = """
 SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, checkpoint_id, seq
   FROM wal_graph_checkpoints
- WHERE task_id = $1
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
  ORDER BY checkpoint_ns, checkpoint_id DESC
  LIMIT $2
 """
 
 DELETE_THREAD_ROWS: Final = """
 WITH checkpoints AS (
-    DELETE FROM wal_graph_checkpoints WHERE task_id = $1 AND seq < $2 RETURNING 1
+    DELETE FROM wal_graph_checkpoints
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
+    RETURNING 1
 ), writes AS (
-    DELETE FROM wal_graph_writes WHERE task_id = $1 AND seq < $2
+    DELETE FROM wal_graph_writes
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
 )
 SELECT count(*) AS removed FROM checkpoints
 """
@@ -236,39 +313,40 @@ SELECT count(*) AS removed FROM checkpoints
 PRUNE_ROWS: Final = """
 WITH removed AS (
     DELETE FROM wal_graph_checkpoints c
-     WHERE c.task_id = $1 AND c.seq < $2
+     WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.seq < $2
        AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[]) AS k(ns, id)
                         WHERE k.ns = c.checkpoint_ns AND k.id = c.checkpoint_id)
     RETURNING c.checkpoint_ns, c.checkpoint_id
 ), writes AS (
     DELETE FROM wal_graph_writes w USING removed r
-     WHERE w.task_id = $1 AND w.checkpoint_ns = r.checkpoint_ns
-       AND w.checkpoint_id = r.checkpoint_id
+     WHERE w.tenant = current_setting('wal.tenant', true) AND w.task_id = $1
+       AND w.checkpoint_ns = r.checkpoint_ns AND w.checkpoint_id = r.checkpoint_id
 )
 SELECT count(*) AS removed FROM removed
 """
 
 RUN_TASKS: Final = """
 SELECT DISTINCT task_id FROM wal_graph_checkpoints
- WHERE run_id = ANY($1::text[])
+ WHERE tenant = current_setting('wal.tenant', true) AND run_id = ANY($1::text[])
  ORDER BY task_id
  LIMIT $2
 """
 
 COUNT_RUN_CHECKPOINTS: Final = """
 SELECT count(*) AS checkpoints FROM wal_graph_checkpoints
- WHERE task_id = $1 AND run_id = ANY($2::text[])
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND run_id = ANY($2::text[])
 """
 
 DELETE_RUN_ROWS: Final = """
 WITH removed AS (
     DELETE FROM wal_graph_checkpoints c
-     WHERE c.task_id = $1 AND c.seq < $2 AND c.run_id = ANY($3::text[])
+     WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.seq < $2
+       AND c.run_id = ANY($3::text[])
     RETURNING c.checkpoint_ns, c.checkpoint_id
 ), writes AS (
     DELETE FROM wal_graph_writes w USING removed r
-     WHERE w.task_id = $1 AND w.checkpoint_ns = r.checkpoint_ns
-       AND w.checkpoint_id = r.checkpoint_id
+     WHERE w.tenant = current_setting('wal.tenant', true) AND w.task_id = $1
+       AND w.checkpoint_ns = r.checkpoint_ns AND w.checkpoint_id = r.checkpoint_id
 )
 SELECT count(*) AS removed FROM removed
 """
@@ -277,15 +355,16 @@ SELECT count(*) AS removed FROM removed
 
 CLEAR_INDEX: Final = """
 WITH checkpoints AS (
-    DELETE FROM wal_graph_checkpoints WHERE task_id = $1
+    DELETE FROM wal_graph_checkpoints
+     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 )
-DELETE FROM wal_graph_writes WHERE task_id = $1
+DELETE FROM wal_graph_writes WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
 INDEX_CHECKPOINT: Final = """
 INSERT INTO wal_graph_checkpoints (task_id, checkpoint_ns, checkpoint_id, seq, run_id, ref_seqs)
 VALUES ($1, $2, $3, $4, $5, $6::int8[])
-ON CONFLICT (task_id, checkpoint_ns, checkpoint_id)
+ON CONFLICT (tenant, task_id, checkpoint_ns, checkpoint_id)
 DO UPDATE SET seq = EXCLUDED.seq, run_id = EXCLUDED.run_id, ref_seqs = EXCLUDED.ref_seqs
 """
 
@@ -296,7 +375,8 @@ INSERT INTO wal_graph_writes (task_id, checkpoint_ns, checkpoint_id, seq) VALUES
 HAS_DELTA_CHANNELS: Final = """
 SELECT EXISTS (
     SELECT 1 FROM wal_events e
-     WHERE e.task_id = $1 AND e.seq = ANY($2::int8[])
+     WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = $1
+       AND e.seq = ANY($2::int8[])
        AND convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' ?| ARRAY[
                'counters_since_delta_snapshot', 'delta_writes_versioned']
 ) AS found

@@ -142,14 +142,15 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
     @asynccontextmanager
     async def from_dsn(
         cls, dsn: str | None = None, *, serde: SerializerProtocol | None = None,
-        worker_id: str | None = None,
+        worker_id: str | None = None, tenant: str | None = None,
     ) -> AsyncIterator[WalCheckpointSaver]:
         """Open a pool on ``dsn`` (wal-engine's DSN rules), set up, yield a saver, close.
 
         The pool keeps sessions on release (see :func:`.connection.open_database`): one round
-        trip per statement instead of two.
+        trip per statement instead of two. Its connections are bound to ``tenant`` (default
+        ``WAL_ENGINE_TENANT``, else ``"default"``), like an engine's.
         """
-        database = await open_database(dsn)
+        database = await open_database(dsn, tenant=tenant)
         try:
             saver = cls(Store(database), serde=serde, worker_id=worker_id)
             await saver.setup()
