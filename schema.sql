@@ -54,6 +54,7 @@
 -- wal_cancel_task(...)       cancel from outside: terminal event, epoch bumped (fences).
 -- wal_wake_token()           the opaque NOTIFY payload of the current tenant.
 -- wal_count_task()           trigger: count a tenant's tasks, refuse one past its cap.
+-- wal_add_llm_spend(cost)    add a recorded LLM call's cost to the tenant's spend.
 --
 -- Engine errors raised in SQL use custom SQLSTATEs (class WE), mapped to Python exceptions in
 -- wal_engine/store/sqlstate.py:
@@ -220,6 +221,12 @@ CREATE TABLE IF NOT EXISTS wal_tenants (
     tasks_max bigint CHECK (tasks_max >= 0),
     CONSTRAINT wal_tenants_pkey PRIMARY KEY (tenant)
 );
+-- LLM spend of the tenant's tasks (USD, as the LLM calls reported it), added by
+-- wal_add_llm_spend after each recorded call, and the administrator's cap on it (NULL:
+-- none; an engine may set a lower one of its own, checked before each LLM call).
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS llm_spend_usd numeric NOT NULL DEFAULT 0;
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS llm_spend_max_usd numeric
+    CHECK (llm_spend_max_usd >= 0);
 
 -- ------------------------------------------------------------------ tenancy (version 2)
 -- A database of version 1 has tables without the tenant: its rows become tenant
@@ -465,6 +472,25 @@ $$;
 CREATE OR REPLACE TRIGGER wal_tasks_count
     AFTER INSERT ON wal_tasks
     FOR EACH ROW EXECUTE FUNCTION wal_count_task();
+
+-- Add the cost of one recorded LLM call to the current tenant's spend; returns the new
+-- total and the administrator's cap. Runs with the owner's rights (the app role may not
+-- update wal_tenants); off the append path: once per LLM call, after its result is durable.
+CREATE OR REPLACE FUNCTION wal_add_llm_spend(p_cost_usd numeric)
+RETURNS TABLE (llm_spend_usd numeric, llm_spend_max_usd numeric)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_cost_usd IS NULL OR p_cost_usd < 0 OR p_cost_usd = 'NaN'::numeric THEN
+        RAISE EXCEPTION 'an LLM cost must be a finite amount of at least 0'
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    INSERT INTO wal_tenants AS k (tenant, llm_spend_usd)
+    VALUES (current_setting('wal.tenant'), p_cost_usd)
+    ON CONFLICT (tenant) DO UPDATE SET llm_spend_usd = k.llm_spend_usd + p_cost_usd
+    RETURNING k.llm_spend_usd, k.llm_spend_max_usd;
+END;
+$$;
 
 -- Append one event written by the database itself to a task the caller has locked FOR
 -- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the

@@ -147,7 +147,7 @@ BEGIN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
-                             'wal_cancel_task', 'wal_count_task')
+                             'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',

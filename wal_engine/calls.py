@@ -333,7 +333,7 @@ class LlmCaller:
         return await self._attempts(call_id, key, attempt)
 
     async def _intend(self, call_id: str, key: str, attempt: int) -> None:
-        trip = self.run.check_budget()
+        trip = self.run.check_budget() or await self.run.check_tenant_spend()
         if trip is not None:
             await self.run.fail_budget(trip)
         await self.run.append([ev.LlmCallIntended(
@@ -383,6 +383,7 @@ class LlmCaller:
         )
         if not isinstance(stored, ev.LlmCallCompleted):
             raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
+        await self.run.add_tenant_spend(stored.cost_usd)
         return stored.response
 
 

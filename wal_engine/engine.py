@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -75,8 +76,11 @@ class Engine:
                  recovery_attempts_max: int = recovery_attempts_max_default,
                  redactor: Redactor | None = default_redactor,
                  secrets: SecretResolver | None = None,
-                 events_per_task_max: int = limits.history_events_max) -> None:
+                 events_per_task_max: int = limits.history_events_max,
+                 llm_spend_max_usd: float | None = None) -> None:
         self.database = database
+        self.llm_spend_max_usd = llm_spend_max_usd
+        """This engine's cap on its tenant's LLM spend (USD) across tasks (None: none)."""
         self.tenant = database.tenant
         """The one tenant this engine serves: every connection is bound to it."""
         self.wake_token = wake_token(self.tenant)
@@ -271,6 +275,7 @@ async def connect(
     tenant: str | None = None,
     tasks_max: int | None = limits.tasks_max,
     events_per_task_max: int = limits.history_events_max,
+    llm_spend_max_usd: float | None = None,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
@@ -288,6 +293,10 @@ async def connect(
             cap in ``wal_tenants.tasks_max`` applies as well.
         events_per_task_max: Appends that would take a task past this many events are
             refused (:class:`InvalidInput`), except the one that ends it.
+        llm_spend_max_usd: A cap on the LLM spend of all the tenant's tasks together:
+            checked before each LLM call, a task that finds it reached fails with
+            ``budget_exceeded`` (``tenant_llm_spend_usd``); an administrator's cap in
+            ``wal_tenants.llm_spend_max_usd`` applies as well.
         payload_bytes_max: The cap on one event's encoded payload.
         redactor: Applied to every input, intent, result, message and signal before it is
             hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
@@ -300,6 +309,9 @@ async def connect(
     """
     if events_per_task_max < 1:
         raise ConfigurationError("events_per_task_max must be at least 1")
+    if llm_spend_max_usd is not None and not (
+            math.isfinite(llm_spend_max_usd) and llm_spend_max_usd >= 0):
+        raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
         require_synchronous_commit=require_synchronous_commit, development=development,
@@ -307,6 +319,6 @@ async def connect(
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
                   snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,
-                  events_per_task_max=events_per_task_max)
+                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd)
 
 

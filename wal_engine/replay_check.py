@@ -208,6 +208,9 @@ class _ReplayRun(TaskRun):
                      starting_step: bool = False) -> BudgetTrip | None:
         return None  # A budget trip would write; the history already holds any trip.
 
+    async def check_tenant_spend(self) -> BudgetTrip | None:
+        return None  # As for the task's own budgets: the history holds any trip.
+
     async def fail(self, reason: str, error: BaseException | None,
                    diagnostic_extra: dict[str, Any] | None = None) -> None:
         raise ReplayFinished(f"the code would fail the task ({reason})", self.view.last_seq)

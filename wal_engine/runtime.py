@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import math
 import time
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 INTERNAL_PREFIX: Final = "~"
+TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
+"""The name a tripped per-tenant LLM spend cap has in ``budget_exceeded``."""
 """Call ids and signal names the engine uses for its own waits (approvals, reconciliation,
 retry timers). The journal the agent code is matched against leaves them out."""
 
@@ -343,6 +347,26 @@ class TaskRun:
             check_steps=starting_step, check_attempts=at_claim,
             attempts_default=self.engine.recovery_attempts_max,
         )
+
+    async def check_tenant_spend(self) -> BudgetTrip | None:
+        """The tenant's LLM spend cap, if reached: the smaller of the engine's
+        (``connect(llm_spend_max_usd=...)``) and the administrator's
+        (``wal_tenants.llm_spend_max_usd``). One read per LLM call, off the append path."""
+        row = await self.engine.database.fetchrow(queries.TENANT_LLM_SPEND, task_id=self.task_id)
+        spent = 0.0 if row is None else float(row["llm_spend_usd"])
+        caps = [float(cap) for cap in (self.engine.llm_spend_max_usd,
+                                       None if row is None else row["llm_spend_max_usd"])
+                if cap is not None]
+        if caps and spent >= min(caps):
+            return BudgetTrip(budget=TENANT_SPEND_BUDGET, limit=min(caps), used=spent)
+        return None
+
+    async def add_tenant_spend(self, cost_usd: float) -> None:
+        """Add a recorded LLM call's cost to its tenant's spend (after the call is durable:
+        a crash in between leaves that one call uncounted, never counted twice)."""
+        if cost_usd > 0 and math.isfinite(cost_usd):
+            await self.engine.database.fetch(queries.ADD_LLM_SPEND, Decimal(repr(cost_usd)),
+                                             task_id=self.task_id)
 
     async def fail_budget(self, trip: BudgetTrip) -> None:
         """Record the tripped budget and fail the task with a diagnostic; unwinds the agent."""

@@ -30,6 +30,7 @@ from wal_engine.anchor import AnchorInvalid, create_anchor, verify_anchor
 from wal_engine.chain import event_hash
 from wal_engine.engine import Engine, connect, wake_token
 from wal_engine.errors import (
+    ConfigurationError,
     InvalidInput,
     InvalidTenant,
     PayloadTooLarge,
@@ -593,3 +594,69 @@ def test_wake_token_is_an_opaque_digest() -> None:
     """The Python twin of wal_wake_token(): 32 hex characters of sha256, per tenant."""
     assert wake_token("acme") == hashlib.sha256(b"wal-engine/wake/acme").hexdigest()[:32]
     assert wake_token("acme") != wake_token("acme2")
+
+
+async def test_tenant_llm_spend_cap_spans_tasks(app_dsn: str, database_dsn: str) -> None:
+    """The tenant's LLM spend is summed across its tasks as the app role: once it reaches
+    the engine's cap, the next LLM call of any of its tasks fails that task with
+    budget_exceeded (tenant_llm_spend_usd) before anything is called; another tenant spends
+    on; an administrator's lower cap wins; bad caps are refused."""
+    calls: list[str] = []
+
+    def register(engine: Engine) -> None:
+        @engine.agent("chat")
+        async def chat(ctx: Any, task_input: Any) -> Any:
+            answers = []
+            for n in range(task_input["calls"]):
+                def llm(request: Any, n: int = n) -> Any:
+                    calls.append(f"{ctx.task_id}:{n}")
+                    return {"content": f"answer {n}", "cost_usd": 0.02}
+                answers.append(await ctx.llm("model", llm, {"n": n}))
+            return answers
+
+    capped = await _engine(app_dsn, "spender", llm_spend_max_usd=0.05)
+    free = await _engine(app_dsn, "frugal")
+    try:
+        for engine in (capped, free):
+            register(engine)
+        first = await capped.submit("chat", {"calls": 5}, task_id="s1")
+        other = await free.submit("chat", {"calls": 5}, task_id="s1")
+        for engine in (capped, free):
+            await engine.worker(concurrency=1, poll_ms=20).run(until_idle=True)
+        state = await capped.state(first)
+        assert state.status == "FAILED" and state.failure is not None
+        assert state.failure.diagnostic["tripped"]["budget"] == "tenant_llm_spend_usd"
+        assert state.usage.llm_calls == 3  # 0.02 + 0.02 + 0.02 reaches 0.05 after the third
+        assert (await free.state(other)).status == "COMPLETED"
+        # A second task of the capped tenant fails at its first LLM call: nothing called.
+        before = len(calls)
+        second = await capped.submit("chat", {"calls": 1}, task_id="s2")
+        await capped.worker(concurrency=1, poll_ms=20).run(until_idle=True)
+        assert (await capped.state(second)).status == "FAILED" and len(calls) == before
+        admin = await asyncpg.connect(database_dsn)
+        try:
+            spent = {r["tenant"]: (float(r["llm_spend_usd"]), r["llm_spend_max_usd"])
+                     for r in await admin.fetch("SELECT * FROM wal_tenants")}
+            assert spent["spender"] == (pytest.approx(0.06), None)
+            assert spent["frugal"][0] == pytest.approx(0.10)
+            # The administrator's cap applies to an engine without one of its own.
+            await admin.execute("UPDATE wal_tenants SET llm_spend_max_usd = 0.1"
+                                " WHERE tenant = 'frugal'")
+        finally:
+            await admin.close()
+        third = await free.submit("chat", {"calls": 1}, task_id="s3")
+        await free.worker(concurrency=1, poll_ms=20).run(until_idle=True)
+        assert (await free.state(third)).failure.diagnostic["tripped"]["limit"] == 0.1
+        # The app role cannot raise its own cap or rewrite its spend.
+        connection = await _app_connection(app_dsn, "spender")
+        try:
+            assert await _sqlstate(connection, "UPDATE wal_tenants SET llm_spend_usd = 0") \
+                == "42501"
+            assert await _sqlstate(connection, "SELECT * FROM wal_add_llm_spend(-1)") == "22023"
+        finally:
+            await connection.close()
+    finally:
+        await capped.close()
+        await free.close()
+    with pytest.raises(ConfigurationError):
+        await connect(app_dsn, migrate=False, tenant="x", llm_spend_max_usd=float("nan"))

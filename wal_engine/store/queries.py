@@ -213,6 +213,14 @@ SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_has
  WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 """
 
+# The tenant's LLM spend and the administrator's cap on it (no row: nothing spent yet).
+TENANT_LLM_SPEND: Final = """
+SELECT llm_spend_usd, llm_spend_max_usd FROM wal_tenants
+ WHERE tenant = current_setting('wal.tenant', true)
+"""
+
+ADD_LLM_SPEND: Final = "SELECT * FROM wal_add_llm_spend($1::numeric)"
+
 # The last event of a task (to classify a refused append).
 READ_LAST_EVENT: Final = """
 SELECT seq, epoch, type FROM wal_events
