@@ -85,48 +85,53 @@ _separators: Final = re.compile(r"[^a-z0-9]+")
 
 class CredentialPattern(msgspec.Struct, frozen=True):
     """A credential format: a regex, what a match is replaced with (``\\1`` allowed), and
-    ``triggers``: lower-case substrings one of which any match contains. A string holding
-    none of them is not searched (plain substring tests cost far less than the regex)."""
+    ``triggers``: substrings one of which any match contains. A string holding none of
+    them is not searched (plain substring tests cost far less than the regex). Triggers
+    are lower case and tested against the lower-cased text, unless ``exact``: then they
+    are tested, as given, against the text itself (for case-sensitive formats; fewer,
+    rarer candidates: the AWS prefixes are one scan instead of eleven)."""
 
     kind: str
     regex: str
     replacement: str
     triggers: tuple[str, ...] = ()
+    exact: bool = False
 
 
-_AWS_PREFIXES: Final = ("akia", "asia", "abia", "acca", "agpa", "aida", "aipa", "anpa", "anva",
-                        "apka", "aroa")
+_AWS_PREFIXES: Final = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA",
+                        "APKA", "AROA")
 
 DEFAULT_PATTERNS: Final = (
     CredentialPattern(
         "private_key",
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
         r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----",
-        "[REDACTED:private_key]", ("-----begin",)),
+        "[REDACTED:private_key]", ("-----BEGIN",), exact=True),
     CredentialPattern(
         "aws_access_key_id",
         r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA)[A-Z0-9]{16}\b",
-        "[REDACTED:aws_access_key_id]", _AWS_PREFIXES),
+        "[REDACTED:aws_access_key_id]", _AWS_PREFIXES, exact=True),
     CredentialPattern("github_token",
                       r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
                       "[REDACTED:github_token]",
-                      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+                      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), exact=True),
     CredentialPattern("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}", "[REDACTED:gitlab_token]",
-                      ("glpat-",)),
+                      ("glpat-",), exact=True),
     CredentialPattern("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
-                      "[REDACTED:slack_token]", ("xox",)),
+                      "[REDACTED:slack_token]", ("xox",), exact=True),
     CredentialPattern("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+",
-                      "[REDACTED:slack_webhook]", ("hooks.slack.com",)),
+                      "[REDACTED:slack_webhook]", ("hooks.slack.com",), exact=True),
     CredentialPattern("stripe_key", r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
-                      "[REDACTED:stripe_key]", ("k_live_", "k_test_")),
-    CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", "[REDACTED:api_key]", ("sk-",)),
+                      "[REDACTED:stripe_key]", ("k_live_", "k_test_"), exact=True),
+    CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", "[REDACTED:api_key]", ("sk-",),
+                      exact=True),
     CredentialPattern("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}",
-                      "[REDACTED:google_api_key]", ("aiza",)),
+                      "[REDACTED:google_api_key]", ("AIza",), exact=True),
     CredentialPattern("package_token", r"\b(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,})",
-                      "[REDACTED:package_token]", ("npm_", "pypi-")),
+                      "[REDACTED:package_token]", ("npm_", "pypi-"), exact=True),
     CredentialPattern("jwt",
                       r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
-                      "[REDACTED:jwt]", ("eyj",)),
+                      "[REDACTED:jwt]", ("eyJ",), exact=True),
     # "Bearer <token>" and "Authorization: Basic <base64>": the scheme is kept. A bearer
     # token must hold a digit, so that prose ("the bearer of bad news") is left alone.
     CredentialPattern("bearer",
@@ -137,7 +142,7 @@ DEFAULT_PATTERNS: Final = (
                       r"\1 [REDACTED]", ("basic",)),
     # scheme://user:password@host: the password only.
     CredentialPattern("url_password", r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+):[^\s@/]+@",
-                      r"\1:[REDACTED]@", ("://",)),
+                      r"\1:[REDACTED]@", ("://",), exact=True),
     # password=..., api_key: ... in free text (the name and separator are kept).
     CredentialPattern(
         "assignment",
@@ -196,8 +201,13 @@ class DefaultRedactor:
         self.suffixes = tuple(f"_{s}" for s in SECRET_KEY_SUFFIXES) + tuple(
             f"_{normalise_key(k)}" for k in extra_keys)
         chosen = (*(DEFAULT_PATTERNS if patterns is None else patterns), *extra_patterns)
-        self.patterns = tuple((re.compile(p.regex), p.replacement, p.triggers) for p in chosen)
-        self._triggers = tuple(sorted({t for p in chosen for t in p.triggers}))
+        self.patterns = tuple((re.compile(p.regex), p.replacement, _trigger_check(p))
+                              for p in chosen)
+        self._lower_triggers = tuple(sorted({t for p in chosen if not p.exact
+                                             for t in p.triggers}))
+        self._exact_checks = tuple(check for p, (_, _, check) in zip(chosen, self.patterns,
+                                                                     strict=True)
+                                   if p.exact and check is not None)
         self._untriggered = any(not p.triggers for p in chosen)
         self._key_cache: dict[str, bool] = {}
 
@@ -222,16 +232,15 @@ class DefaultRedactor:
         if len(text) < 8:
             return text
         lowered = text.lower()
-        if not self._untriggered:
-            for trigger in self._triggers:
-                if trigger in lowered:
-                    break
-            else:
-                return text  # The common case: no format can match.
-        for pattern, replacement, triggers in self.patterns:
+        if not self._untriggered and not any(
+                trigger in lowered for trigger in self._lower_triggers) and not any(
+                check(text, lowered) for check in self._exact_checks):
+            return text  # The common case: no format can match.
+        original = text
+        for pattern, replacement, check in self.patterns:
             # The triggers are tested on the original text: a replacement only removes
             # credentials and adds "[REDACTED...]", so no later format can appear anew.
-            if triggers and not any(trigger in lowered for trigger in triggers):
+            if check is not None and not check(original, lowered):
                 continue
             text = pattern.sub(replacement, text)
         return text
@@ -281,6 +290,25 @@ class DefaultRedactor:
             items = [self._walk(item, depth + 1) for item in value]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         return value
+
+
+TriggerCheck = Callable[[str, str], bool]
+"""``check(text, lowered)``: whether a pattern's triggers occur (None: always search)."""
+
+
+def _trigger_check(pattern: CredentialPattern) -> TriggerCheck | None:
+    """The quick test that decides whether ``pattern`` is searched at all."""
+    if not pattern.triggers:
+        return None
+    triggers = pattern.triggers
+    if pattern.exact and len(triggers) > 1 and len({t[0] for t in triggers}) == 1:
+        # Triggers sharing their first character (the eleven AWS prefixes, the GitHub
+        # ones): one scan, in which the regex engine skips to that character.
+        candidates = re.compile("|".join(re.escape(t) for t in triggers))
+        return lambda text, _lowered: candidates.search(text) is not None
+    if pattern.exact:
+        return lambda text, _lowered: any(trigger in text for trigger in triggers)
+    return lambda _text, lowered: any(trigger in lowered for trigger in triggers)
 
 
 def _strings(value: Any, depth: int, found: list[str]) -> None:
