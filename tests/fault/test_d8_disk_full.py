@@ -39,13 +39,13 @@ TMPFS_MIB: Final = 16
 CHUNK_BYTES: Final = 256 * 1024
 
 
-def _mount_small_disk() -> Path:
-    """A world-traversable directory with a 16 MB tmpfs mounted on it (skip if impossible)."""
+def _mount_small_disk(mib: int = TMPFS_MIB) -> Path:
+    """A world-traversable directory with a small tmpfs mounted on it (skip if impossible)."""
     if os.geteuid() != 0:
         pytest.skip("D8 mounts a tmpfs: needs root")
     root = Path(tempfile.mkdtemp(prefix="wal-d8-"))
     root.chmod(0o755)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MIB}m", "tmpfs",
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs",
                              str(root)], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         root.rmdir()
