@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -345,3 +346,76 @@ async def test_n6_partition_to_the_tool_service(database_dsn: str) -> None:
     report("N6", violations + kept, tasks=len(expected), effects=effects,
            service_partitions=faults, seed=seed, escalated=escalated,
            failed_by_the_tool=unknown)
+
+
+N4_SOAK_S = float(os.environ.get("WAL_ENGINE_N4_SOAK_S", "300"))
+"""How long N4 soaks (RELIABILITY.md: 5 minutes in the deep tier)."""
+SLOW_NET_TIMINGS: dict[str, Any] = {"lease_ttl_ms": 6000, "heartbeat_ms": 2000, "poll_ms": 100,
+                                    "sweep_ms": 200, "drain_timeout_s": 10.0}
+"""Three heartbeats per lease (R6). Up to 300 ms per chunk each way is ~0.6 s per renewal,
+but the proxy cuts every chunk into 1-7-byte slices in the test's own event loop, one send
+per slice, which also delays the workers' heartbeats: with a 3 s lease that cost 4 false
+lease breaks in a 20 s soak (measured), with 6 s none in the same soak."""
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(900)
+async def test_n4_latency_jitter_and_fragmentation_soak(database_dsn: str) -> None:
+    """Every chunk delayed 0-300 ms and cut into 1-7-byte slices, for the whole soak: no
+    false failure (no lease broken while its owner is alive, no task failed), every task
+    finishes, nothing acts twice."""
+    random_source, seed = rng()
+    async with _setup(database_dsn, command_timeout_s=10.0) as (engine, proxy, ledger_db):
+        harness = Harness(ledger_db)
+        proxy.seed(seed)
+        proxy.set("jitter", latency_s=0.3)
+        expected = await _submit(engine, "n4", 20)
+        started = time.monotonic()
+        async with _workers(engine, 2, **SLOW_NET_TIMINGS):
+            while time.monotonic() - started < N4_SOAK_S:
+                await asyncio.sleep(random_source.uniform(0.5, 2.0))
+                if len(await harness.open(list(expected))) < 8:
+                    expected.update(await _submit(engine, f"n4-{len(expected)}", 8))
+            await wait_until(lambda: harness.done(list(expected)), "every task", 300, 0.2)
+        proxy.set("pass")
+        violations, effects = await check_everything(engine)
+        outcomes, escalated = await outcome_violations(engine, expected)
+        broken = await _orphaned(ledger_db)
+    if broken:
+        violations.append(Violation(invariant="N4", detail=f"{broken} leases broken while "
+                                                           f"every owner was alive"))
+    report("N4", violations + outcomes, tasks=len(expected), effects=effects,
+           soak_s=round(N4_SOAK_S), leases_broken=broken, seed=seed, escalated=escalated)
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(900)
+async def test_n5_swizzle_clog(database_dsn: str) -> None:
+    """20 cycles: the engine's connections are clogged one by one, held, then unclogged in
+    another random order: all invariants hold, and everything finishes after the heal."""
+    random_source, seed = rng()
+    async with _setup(database_dsn, command_timeout_s=5.0) as (engine, proxy, ledger_db):
+        harness = Harness(ledger_db)
+        expected = await _submit(engine, "n5", 30)
+        clogged_total = 0
+        async with _workers(engine, 2):
+            for cycle in range(20):
+                await asyncio.sleep(random_source.uniform(0.1, 0.4))
+                victims = proxy.open_connections()
+                random_source.shuffle(victims)
+                for connection in victims:
+                    proxy.clog(connection)
+                    clogged_total += 1
+                    await asyncio.sleep(random_source.uniform(0.0, 0.05))
+                await asyncio.sleep(random_source.uniform(0.2, 1.5))
+                random_source.shuffle(victims)
+                for connection in victims:
+                    proxy.unclog(connection)
+                    await asyncio.sleep(random_source.uniform(0.0, 0.05))
+                if len(await harness.open(list(expected))) < 8:
+                    expected.update(await _submit(engine, f"n5-{cycle}", 10))
+            await wait_until(lambda: harness.done(list(expected)), "every task", 240, 0.2)
+        violations, effects = await check_everything(engine)
+        outcomes, escalated = await outcome_violations(engine, expected)
+    report("N5", violations + outcomes, tasks=len(expected), effects=effects, cycles=20,
+           connections_clogged=clogged_total, seed=seed, escalated=escalated)

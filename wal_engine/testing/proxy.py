@@ -8,7 +8,13 @@ mode while it runs:
 * ``drop_s2c``: the server's bytes are dropped (the client never hears the answer, e.g. to
   a COMMIT that happened: the ambiguous commit, RELIABILITY.md P12);
 * ``drop_c2s``: the client's bytes are dropped (the server never hears the request);
-* ``latency``: every chunk waits ``latency_s`` before it is forwarded.
+* ``latency``: every chunk waits ``latency_s`` before it is forwarded;
+* ``jitter``: every chunk waits a random 0 to ``latency_s`` and is forwarded in slices of
+  1 to 7 bytes (latency, jitter and fragmentation, RELIABILITY.md N4).
+
+:meth:`FaultProxy.clog` stops one open connection (both directions, its sockets open) and
+:meth:`FaultProxy.unclog` lets it flow again: clogging connections one by one and
+unclogging them in another order is the "swizzle-clog" of N5.
 
 :meth:`FaultProxy.reset` closes every open connection at once (a reset). Bytes dropped are
 gone: the protocol stream of that connection is broken for good, as on a real network
@@ -19,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import urllib.parse
 from typing import Final, Literal
 
-Mode = Literal["pass", "blackhole", "drop_s2c", "drop_c2s", "latency"]
-MODES: Final = ("pass", "blackhole", "drop_s2c", "drop_c2s", "latency")
+Mode = Literal["pass", "blackhole", "drop_s2c", "drop_c2s", "latency", "jitter"]
+MODES: Final = ("pass", "blackhole", "drop_s2c", "drop_c2s", "latency", "jitter")
 chunk_bytes: Final = 65536
 
 
@@ -43,6 +50,9 @@ class FaultProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._open: dict[int, asyncio.Event] = {}
+        """Open connections by number, each with its own flow (cleared: clogged)."""
+        self._random = random.Random(0)
 
     @classmethod
     def for_dsn(cls, dsn: str) -> FaultProxy:
@@ -80,6 +90,26 @@ class FaultProxy:
         else:
             self._flowing.set()
 
+    def open_connections(self) -> list[int]:
+        """The numbers of the connections open now, oldest first."""
+        return sorted(self._open)
+
+    def clog(self, connection: int) -> None:
+        """Stop one connection both ways (its sockets stay open); no-op once it closed."""
+        flow = self._open.get(connection)
+        if flow is not None:
+            flow.clear()
+
+    def unclog(self, connection: int) -> None:
+        """Let a clogged connection flow again."""
+        flow = self._open.get(connection)
+        if flow is not None:
+            flow.set()
+
+    def seed(self, seed: int) -> None:
+        """Seed the delays and slices of ``jitter`` (a failure can be replayed)."""
+        self._random.seed(seed)
+
     def reset(self) -> int:
         """Close every open connection (both sides); return how many were closed."""
         writers = list(self._writers)
@@ -116,26 +146,45 @@ class FaultProxy:
             client_writer.transport.abort()
             return
         self.connections += 1
+        number = self.connections
+        flow = asyncio.Event()
+        flow.set()
+        self._open[number] = flow
         self._writers.update((client_writer, server_writer))
+        pumps = []
         for reader, writer, direction in ((client_reader, server_writer, "c2s"),
                                           (server_reader, client_writer, "s2c")):
-            task = asyncio.get_running_loop().create_task(self._pump(reader, writer, direction))
+            task = asyncio.get_running_loop().create_task(
+                self._pump(reader, writer, direction, flow))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            pumps.append(task)
+        done = asyncio.gather(*pumps, return_exceptions=True)
+        done.add_done_callback(lambda _: self._open.pop(number, None))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    direction: str) -> None:
+                    direction: str, flow: asyncio.Event) -> None:
         try:
             while True:
                 chunk = await reader.read(chunk_bytes)
                 if not chunk:
                     break
                 await self._flowing.wait()
+                await flow.wait()
                 if self.mode == f"drop_{direction}":
                     self.bytes_dropped += len(chunk)
                     continue
                 if self.mode == "latency" and self.latency_s > 0:
                     await asyncio.sleep(self.latency_s)
+                if self.mode == "jitter":
+                    await asyncio.sleep(self._random.uniform(0, self.latency_s))
+                    start = 0
+                    while start < len(chunk):
+                        end = start + self._random.randint(1, 7)
+                        writer.write(chunk[start:end])
+                        await writer.drain()
+                        start = end
+                    continue
                 writer.write(chunk)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError, RuntimeError):
