@@ -30,90 +30,63 @@ _encode_options: Final = orjson.OPT_SORT_KEYS
 
 def validate_json_value(value: Any, path: str = "$", depth: int = 0) -> None:
     """Raise :class:`InvalidPayload` unless ``value`` is a storable plain JSON value."""
-    if not _storable(value, depth):
-        _explain(value, path, depth)  # Raises, naming the JSON path of the first bad value.
-        raise InvalidPayload(path, "not a storable plain JSON value")
+    problem = _problem(value, depth)
+    if problem is not None:
+        steps, reason = problem
+        raise InvalidPayload(path + "".join(reversed(steps)), reason)
 
 
-def _storable(value: Any, depth: int) -> bool:
-    """Whether ``value`` is storable: the walk of every append, so it builds no paths."""
+Problem = tuple[list[str], str]
+"""Where a value is not storable (path steps, innermost first) and why."""
+
+
+def _problem(value: Any, depth: int) -> Problem | None:
+    """The first reason ``value`` cannot be stored, or None. The walk of every append: it
+    builds the JSON path only on the way out of a failure."""
     kind = type(value)
     if kind is str:
-        return "\x00" not in value and (value.isascii() or _utf8(value))
+        reason = _text_problem(value)
+        return None if reason is None else ([], reason)
     if value is None or value is True or value is False:
-        return True
+        return None
     if kind is int:
-        return bool(_int_min <= value <= _int_max)
+        return None if _int_min <= value <= _int_max else (
+            [], "integer outside the signed 64-bit range")
     if kind is float:
-        return math.isfinite(value)
-    if kind is dict:
+        return None if math.isfinite(value) else ([], f"{value!r} is not a JSON number")
+    if kind is dict or kind is list or kind is tuple:
         if depth >= limits.payload_depth_max:
-            return False
-        for key, item in value.items():
-            if type(key) is not str or "\x00" in key or not (key.isascii() or _utf8(key)):
-                return False
-            if not _storable(item, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        if depth >= limits.payload_depth_max:
-            return False
-        for item in value:
-            if not _storable(item, depth + 1):
-                return False
-        return True
-    return False
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _explain(value: Any, path: str = "$", depth: int = 0) -> None:
-    """The slow walk, taken only for a value :func:`_storable` refused: raise with its path."""
-    if value is None or value is True or value is False:
-        return
-    kind = type(value)
-    if kind is str:
-        _check_text(value, path)
-    elif kind is int:
-        if not _int_min <= value <= _int_max:
-            raise InvalidPayload(path, "integer outside the signed 64-bit range")
-    elif kind is float:
-        if not math.isfinite(value):
-            raise InvalidPayload(path, f"{value!r} is not a JSON number")
-    elif kind is list or kind is tuple:
-        _check_depth(path, depth)
+            return [], f"nested deeper than {limits.payload_depth_max} levels"
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    return [], f"object key {key!r} is not a string"
+                reason = _text_problem(key)
+                if reason is not None:
+                    return [], reason
+                found = _problem(item, depth + 1)
+                if found is not None:
+                    found[0].append(f".{key}")
+                    return found
+            return None
         for index, item in enumerate(value):
-            _explain(item, f"{path}[{index}]", depth + 1)
-    elif kind is dict:
-        _check_depth(path, depth)
-        for key, item in value.items():
-            if type(key) is not str:
-                raise InvalidPayload(path, f"object key {key!r} is not a string")
-            _check_text(key, path)
-            _explain(item, f"{path}.{key}", depth + 1)
-    else:
-        raise InvalidPayload(path, f"{kind.__name__} is not a plain JSON value")
+            found = _problem(item, depth + 1)
+            if found is not None:
+                found[0].append(f"[{index}]")
+                return found
+        return None
+    return [], f"{kind.__name__} is not a plain JSON value"
 
 
-def _check_depth(path: str, depth: int) -> None:
-    if depth >= limits.payload_depth_max:
-        raise InvalidPayload(path, f"nested deeper than {limits.payload_depth_max} levels")
-
-
-def _check_text(text: str, path: str) -> None:
+def _text_problem(text: str) -> str | None:
     if "\x00" in text:
-        raise InvalidPayload(path, "contains the NUL character, which PostgreSQL cannot store")
+        return "contains the NUL character, which PostgreSQL cannot store"
     if not text.isascii():
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise InvalidPayload(path, "contains a lone surrogate (not valid UTF-8)") from error
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (not valid UTF-8)"
+    return None
 
 
 def encode_payload(value: Any, *, payload_bytes_max: int = limits.payload_bytes_max) -> bytes:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,9 @@ import pytest
 import pytest_asyncio
 
 from tests.fault import agents
+from tests.fault.support import ledgered_engine
 from wal_engine.engine import Engine, connect
+from wal_engine.testing.processes import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,19 +56,18 @@ class WorkerProcess:
         self._log.close()
 
 
-async def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0,
-                   interval_s: float = 0.02) -> Any:
-    """Poll ``predicate`` (sync or async) until it is truthy; fail after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(interval_s)
+wait_for = wait_until
+"""The fault tests' name for :func:`wal_engine.testing.processes.wait_until`."""
+
+
+@pytest_asyncio.fixture
+async def ledgered(database_dsn: str) -> AsyncIterator[Engine]:
+    """An engine with the ledgered agent registered and its ledger ready."""
+    engine = await ledgered_engine(database_dsn)
+    try:
+        yield engine
+    finally:
+        await engine.close()
 
 
 class FaultHarness:

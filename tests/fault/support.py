@@ -7,9 +7,11 @@ the summary at the end of the session, then fails on a single violation.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +33,7 @@ from wal_engine.testing.ledger import (
     effect_rows,
     totals,
 )
+from wal_engine.worker import Worker
 
 REPO: Final = Path(__file__).resolve().parents[2]
 LEDGERED: Final = "tests.fault.ledger_agents:register"
@@ -122,3 +125,23 @@ async def outcome_violations(engine: Engine, expected: dict[str, Any],
             invariant="I8" if state.terminal else "I11", task_id=task_id,
             detail=f"{state.status}: {state.output if state.failure is None else state.failure}"))
     return violations, escalated
+
+
+@contextlib.asynccontextmanager
+async def running_workers(engine: Engine, count: int, timings: dict[str, Any], *,
+                          prefix: str = "w", concurrency: int = 4
+                          ) -> AsyncIterator[list[Worker]]:
+    """``count`` in-process workers running on ``engine``; stopped (or cancelled after
+    30 s) when the block ends, so that none acts or logs into a later test."""
+    workers = [engine.worker(concurrency=concurrency, worker_id=f"{prefix}{n}", **timings)
+               for n in range(count)]
+    tasks = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+        _, pending = await asyncio.wait(tasks, timeout=30)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import resource
 import time
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.fault.support import (
     outcome_violations,
     report,
     rng,
+    running_workers,
 )
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable
@@ -54,21 +54,10 @@ async def _engine_with_own_ledger(dsn: str, *, require_synchronous_commit: bool 
     return engine, ledger_database
 
 
-@contextlib.asynccontextmanager
-async def _workers(engine: Engine, count: int, *, concurrency: int = 4,
-                   **timings: Any) -> AsyncIterator[list[Worker]]:
-    workers = [engine.worker(concurrency=concurrency, worker_id=f"w{n}",
-                             **{**CHAOS_TIMINGS, **timings}) for n in range(count)]
-    tasks = [asyncio.create_task(worker.run()) for worker in workers]
-    try:
-        yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
-        _, pending = await asyncio.wait(tasks, timeout=30)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def _workers(engine: Engine, count: int, *, concurrency: int = 4, **timings: Any
+             ) -> contextlib.AbstractAsyncContextManager[list[Worker]]:
+    return running_workers(engine, count, {**CHAOS_TIMINGS, **timings},
+                           concurrency=concurrency)
 
 
 async def _submit(engine: Engine, prefix: str, count: int, *, sleep_ms: int = 0

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from tests.fault import ledger_agents
-from tests.fault.support import check_everything, expected_output, ledgered_engine, report
+from tests.fault.support import check_everything, expected_output, report
 from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
 from wal_engine.errors import IllegalTransition, TaskAlreadyExists
@@ -26,15 +26,6 @@ from wal_engine.testing.crash import (
 from wal_engine.testing.invariants import Violation
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.replay import mismatch
-
-
-@pytest.fixture
-async def ledgered(database_dsn: str) -> Any:
-    engine = await ledgered_engine(database_dsn)
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 @pytest.mark.timeout(120)

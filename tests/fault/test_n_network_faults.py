@@ -21,6 +21,7 @@ from tests.fault.support import (
     outcome_violations,
     report,
     rng,
+    running_workers,
 )
 from wal_engine.engine import Engine
 from wal_engine.errors import AmbiguousCommit, DatabaseUnavailable
@@ -64,21 +65,9 @@ async def _setup(dsn: str, *, through_proxy: bool = True, command_timeout_s: flo
         await ledger_db.close()
 
 
-@contextlib.asynccontextmanager
-async def _workers(engine: Engine, count: int, prefix: str = "n", **timings: Any
-                   ) -> AsyncIterator[list[Worker]]:
-    workers = [engine.worker(concurrency=4, worker_id=f"{prefix}{n}",
-                             **{**NET_TIMINGS, **timings}) for n in range(count)]
-    tasks = [asyncio.create_task(worker.run()) for worker in workers]
-    try:
-        yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
-        _, pending = await asyncio.wait(tasks, timeout=30)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def _workers(engine: Engine, count: int, prefix: str = "n", **timings: Any
+             ) -> contextlib.AbstractAsyncContextManager[list[Worker]]:
+    return running_workers(engine, count, {**NET_TIMINGS, **timings}, prefix=prefix)
 
 
 STORM_ATTEMPTS_MAX = 200

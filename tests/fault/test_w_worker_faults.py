@@ -20,7 +20,6 @@ from tests.fault.support import (
     REPO,
     check_everything,
     expected_output,
-    ledgered_engine,
     outcome_violations,
     report,
     rng,
@@ -51,15 +50,6 @@ async def _finish_with_survivor(pool: WorkerPool, engine: Engine, name: str = "s
 
 async def _all_done(engine: Engine) -> bool:
     return not await open_tasks(engine)
-
-
-@pytest.fixture
-async def ledgered(database_dsn: str) -> Any:
-    engine = await ledgered_engine(database_dsn)
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 @pytest.fixture
