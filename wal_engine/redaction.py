@@ -39,7 +39,7 @@ import inspect
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -57,6 +57,8 @@ REDACTED: Final = "[REDACTED]"
 SECRET_REF_KEY: Final = "$secret"
 redaction_depth_max: Final = 256
 """Deeper values are replaced whole (payloads are refused beyond 64 levels anyway)."""
+gated_cache_max: Final = 4096
+"""Distinct sets of gate characters whose matching formats a redactor remembers."""
 known_secret_length_min: Final = 4
 """Resolved secret values shorter than this are not scrubbed from results (too many false
 matches); such a value is not a secret worth the name."""
@@ -85,17 +87,26 @@ _separators: Final = re.compile(r"[^a-z0-9]+")
 
 class CredentialPattern(msgspec.Struct, frozen=True):
     """A credential format: a regex, what a match is replaced with (``\\1`` allowed), and
-    ``triggers``: substrings one of which any match contains. A string holding none of
-    them is not searched (plain substring tests cost far less than the regex). Triggers
-    are lower case and tested against the lower-cased text, unless ``exact``: then they
-    are tested, as given, against the text itself (for case-sensitive formats; fewer,
-    rarer candidates: the AWS prefixes are one scan instead of eleven)."""
+    the quick tests that decide whether the regex runs at all (a string that fails them
+    is not searched; plain substring tests cost far less than the regex):
+
+    * ``requires``: groups of characters; any match holds at least one character of each
+      group (``("-",)`` for ``sk-...``; ``(":=",)`` for ``password=...``). Each is one
+      ``memchr`` over the text, so these go first, and most prose fails one of them.
+    * ``triggers``: substrings one of which any match contains. They are lower case and
+      tested against the lower-cased text, unless ``exact``: then they are tested, as given,
+      against the text itself (for case-sensitive formats; fewer, rarer candidates: the AWS
+      prefixes are one scan instead of eleven).
+
+    Both must be true of every match, or a credential would pass unredacted: a test checks
+    the default formats against a redactor that ignores them."""
 
     kind: str
     regex: str
     replacement: str
     triggers: tuple[str, ...] = ()
     exact: bool = False
+    requires: tuple[str, ...] = ()
 
 
 _AWS_PREFIXES: Final = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA",
@@ -106,49 +117,55 @@ DEFAULT_PATTERNS: Final = (
         "private_key",
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
         r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----",
-        "[REDACTED:private_key]", ("-----BEGIN",), exact=True),
+        "[REDACTED:private_key]", ("-----BEGIN",), exact=True, requires=("-",)),
     CredentialPattern(
         "aws_access_key_id",
         r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA)[A-Z0-9]{16}\b",
-        "[REDACTED:aws_access_key_id]", _AWS_PREFIXES, exact=True),
+        "[REDACTED:aws_access_key_id]", _AWS_PREFIXES, exact=True, requires=("A",)),
     CredentialPattern("github_token",
                       r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
                       "[REDACTED:github_token]",
-                      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), exact=True),
+                      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), exact=True,
+                      requires=("_",)),
     CredentialPattern("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}", "[REDACTED:gitlab_token]",
-                      ("glpat-",), exact=True),
+                      ("glpat-",), exact=True, requires=("-",)),
     CredentialPattern("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
-                      "[REDACTED:slack_token]", ("xox",), exact=True),
+                      "[REDACTED:slack_token]", ("xox",), exact=True, requires=("-",)),
     CredentialPattern("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+",
-                      "[REDACTED:slack_webhook]", ("hooks.slack.com",), exact=True),
+                      "[REDACTED:slack_webhook]", ("hooks.slack.com",), exact=True,
+                      requires=(":",)),
     CredentialPattern("stripe_key", r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
-                      "[REDACTED:stripe_key]", ("k_live_", "k_test_"), exact=True),
+                      "[REDACTED:stripe_key]", ("k_live_", "k_test_"), exact=True,
+                      requires=("_",)),
     CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", "[REDACTED:api_key]", ("sk-",),
-                      exact=True),
+                      exact=True, requires=("-",)),
     CredentialPattern("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}",
-                      "[REDACTED:google_api_key]", ("AIza",), exact=True),
+                      "[REDACTED:google_api_key]", ("AIza",), exact=True,
+                      requires=("A",)),
     CredentialPattern("package_token", r"\b(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,})",
-                      "[REDACTED:package_token]", ("npm_", "pypi-"), exact=True),
+                      "[REDACTED:package_token]", ("npm_", "pypi-"), exact=True,
+                      requires=("_-",)),
     CredentialPattern("jwt",
                       r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
-                      "[REDACTED:jwt]", ("eyJ",), exact=True),
+                      "[REDACTED:jwt]", ("eyJ",), exact=True, requires=("J", ".")),
     # "Bearer <token>" and "Authorization: Basic <base64>": the scheme is kept. A bearer
     # token must hold a digit, so that prose ("the bearer of bad news") is left alone.
     CredentialPattern("bearer",
                       r"(?i:\b(bearer)\s+)(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{8,}=*",
-                      r"\1 [REDACTED]", ("bearer",)),
+                      r"\1 [REDACTED]", ("bearer",), requires=("0123456789",)),
     CredentialPattern("basic_auth",
                       r"(?i:(authorization\s*[:=]\s*basic)\s+)[A-Za-z0-9+/]{6,}=*",
-                      r"\1 [REDACTED]", ("basic",)),
+                      r"\1 [REDACTED]", ("basic",), requires=(":=",)),
     # scheme://user:password@host: the password only.
     CredentialPattern("url_password", r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+):[^\s@/]+@",
-                      r"\1:[REDACTED]@", ("://",), exact=True),
+                      r"\1:[REDACTED]@", ("://",), exact=True,
+                      requires=(":", "@")),
     # password=..., api_key: ... in free text (the name and separator are kept).
     CredentialPattern(
         "assignment",
         r"(?i:\b(password|passwd|pwd|secret|client[_-]?secret|api[_-]?key|access[_-]?key|"
         r"access[_-]?token|auth[_-]?token|token)(\s*[=:]\s*))(?!\[REDACTED)([^\s&'\",;]{3,})",
-        r"\1\2[REDACTED]", ("pass", "pwd", "secret", "key", "token")),
+        r"\1\2[REDACTED]", ("pass", "pwd", "secret", "key", "token"), requires=(":=",)),
 )
 """The credential formats :class:`DefaultRedactor` looks for in every string."""
 
@@ -201,14 +218,18 @@ class DefaultRedactor:
         self.suffixes = tuple(f"_{s}" for s in SECRET_KEY_SUFFIXES) + tuple(
             f"_{normalise_key(k)}" for k in extra_keys)
         chosen = (*(DEFAULT_PATTERNS if patterns is None else patterns), *extra_patterns)
-        self.patterns = tuple((re.compile(p.regex), p.replacement, _trigger_check(p))
-                              for p in chosen)
-        self._lower_triggers = tuple(sorted({t for p in chosen if not p.exact
-                                             for t in p.triggers}))
-        self._exact_checks = tuple(check for p, (_, _, check) in zip(chosen, self.patterns,
-                                                                     strict=True)
-                                   if p.exact and check is not None)
-        self._untriggered = any(not p.triggers for p in chosen)
+        # Every character some format requires gets a bit; a format's groups become masks,
+        # so that its gate is a few integer ANDs once the text's characters are known.
+        gate_chars = sorted({c for p in chosen for group in p.requires for c in group})
+        bits = {c: 1 << index for index, c in enumerate(gate_chars)}
+        self._gate_bits = tuple(bits.items())
+        self._gated: dict[int, tuple[_Format, ...]] = {}
+        """The formats whose gates pass, by the set of gate characters a text holds."""
+        self.patterns = tuple(
+            _Format(re.compile(p.regex), p.replacement,
+                    tuple(sum(bits[c] for c in set(group)) for group in p.requires),
+                    _trigger_check(p), p.exact)
+            for p in chosen)
         self._key_cache: dict[str, bool] = {}
 
     def __call__(self, value: Any) -> Any:
@@ -231,19 +252,32 @@ class DefaultRedactor:
         """``text`` with every credential-looking substring replaced."""
         if len(text) < 8:
             return text
-        lowered = text.lower()
-        if not self._untriggered and not any(
-                trigger in lowered for trigger in self._lower_triggers) and not any(
-                check(text, lowered) for check in self._exact_checks):
-            return text  # The common case: no format can match.
-        original = text
-        for pattern, replacement, check in self.patterns:
-            # The triggers are tested on the original text: a replacement only removes
-            # credentials and adds "[REDACTED...]", so no later format can appear anew.
-            if check is not None and not check(original, lowered):
-                continue
-            text = pattern.sub(replacement, text)
-        return text
+        present = 0
+        for char, bit in self._gate_bits:
+            if char in text:
+                present |= bit
+        formats = self._gated.get(present)
+        if formats is None:
+            formats = tuple(f for f in self.patterns
+                            if all(present & group for group in f.groups))
+            if len(self._gated) < gated_cache_max:
+                self._gated[present] = formats
+        lowered: str | None = None
+        redacted = text
+        # The quick tests look at the original text: a replacement only removes credentials
+        # and adds "[REDACTED...]", so no later format can appear anew.
+        for regex, replacement, _groups, check, exact in formats:
+            if check is not None:
+                if exact:
+                    if not check(text):
+                        continue
+                else:
+                    if lowered is None:
+                        lowered = text.lower()
+                    if not check(lowered):
+                        continue
+            redacted = regex.sub(replacement, redacted)
+        return redacted
 
     def secrets_in(self, value: Any) -> list[str]:
         """The strings this redactor would remove from ``value`` by key name.
@@ -292,8 +326,20 @@ class DefaultRedactor:
         return value
 
 
-TriggerCheck = Callable[[str, str], bool]
-"""``check(text, lowered)``: whether a pattern's triggers occur (None: always search)."""
+TriggerCheck = Callable[[str], bool]
+"""``check(text)``: whether a format's triggers occur (in the lower-cased text unless the
+format is ``exact``; None: always search)."""
+
+
+class _Format(NamedTuple):
+    """A credential format as :meth:`DefaultRedactor.redact_text` runs it."""
+
+    regex: re.Pattern[str]
+    replacement: str
+    groups: tuple[int, ...]
+    """Masks over the redactor's gate characters: each must meet the text's."""
+    check: TriggerCheck | None
+    exact: bool
 
 
 def _trigger_check(pattern: CredentialPattern) -> TriggerCheck | None:
@@ -305,10 +351,11 @@ def _trigger_check(pattern: CredentialPattern) -> TriggerCheck | None:
         # Triggers sharing their first character (the eleven AWS prefixes, the GitHub
         # ones): one scan, in which the regex engine skips to that character.
         candidates = re.compile("|".join(re.escape(t) for t in triggers))
-        return lambda text, _lowered: candidates.search(text) is not None
-    if pattern.exact:
-        return lambda text, _lowered: any(trigger in text for trigger in triggers)
-    return lambda _text, lowered: any(trigger in lowered for trigger in triggers)
+        return lambda text: candidates.search(text) is not None
+    if len(triggers) == 1:
+        trigger = triggers[0]
+        return lambda text: trigger in text
+    return lambda text: any(trigger in text for trigger in triggers)
 
 
 def _strings(value: Any, depth: int, found: list[str]) -> None:
