@@ -6,10 +6,9 @@ that ingredient, measured in the same run. One event of 500 bytes per operation,
 each, sequential.
 
 * direct connection (no pool), prepared statements: the raw INSERT (reference); the event row
-  alone (scalar VALUES, then ``unnest`` arrays); the head UPDATE alone; head UPDATE + event
-  INSERT with scalar parameters; the store's APPEND_EVENTS statement as is; and a fence that
-  reads the head row ``FOR SHARE`` and checks the previous event's hash through the primary
-  key instead of updating the head;
+  alone (scalar VALUES, then ``unnest`` arrays); the fence alone (the predecessor probe of an
+  observation, as a read); the store's one-observation statement (``OBSERVE_ONE``) without
+  and with its ``RETURNING``;
 * through a pool: the raw INSERT, ``Store.append_events``, and ``Store.append_events`` on a
   pool whose reset-on-release is a no-op (asyncpg's default reset runs one more statement,
   ``RESET ALL`` and friends, after every release: a second round trip per append).
@@ -68,40 +67,12 @@ SELECT $1, $2 + e.ord, e.type, e.version, $3, e.payload, e.idempotency_key, e.pr
        WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
 """
 
-HEAD_UPDATE: Final = """
-UPDATE wal_tasks SET head_seq = $2 + 1, head_hash = $4, updated_at = now()
- WHERE task_id = $1 AND lease_epoch = 1 AND head_seq = $2 AND head_hash = $3
-"""
+# The store's observation statement (queries.OBSERVE_ONE) without RETURNING: what reading
+# back the inserted row costs.
+OBSERVE_ONE_NO_RETURNING: Final = queries.OBSERVE_ONE.replace("RETURNING seq", "")
 
-# The store's statement reduced to one event with scalar parameters and a head update that
-# only moves the head (no status, wake or lease columns).
-APPEND_ONE_SCALAR: Final = """
-WITH head AS (
-    UPDATE wal_tasks SET head_seq = $3 + 1, head_hash = $9, updated_at = now()
-     WHERE task_id = $1 AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $8
- RETURNING task_id
-)
-INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-SELECT head.task_id, $3 + 1, $4, $5, $2, $6, $7, $8, $9 FROM head
-RETURNING seq
-"""
-
-# Fencing without writing the head: the epoch is checked on the task row, locked FOR SHARE
-# so that a claim's epoch bump waits for this commit (or this statement sees the new epoch);
-# the previous event's hash is checked through the primary key; the primary key itself
-# rejects a second writer of the same seq.
-APPEND_READ_FENCED: Final = """
-INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-SELECT t.task_id, $3 + 1, $4, $5, $2, $6, $7, $8, $9
-  FROM wal_tasks t
- WHERE t.task_id = $1 AND t.lease_epoch = $2
-   AND ($3 = 0 OR EXISTS (SELECT 1 FROM wal_events p
-                           WHERE p.task_id = $1 AND p.seq = $3 AND p.hash = $8))
-   FOR SHARE OF t
-RETURNING seq
-"""
+# The fence alone: the predecessor probe of queries.OBSERVE_ONE, as a read.
+FENCE_PROBE: Final = f"SELECT EXISTS ({queries.PREVIOUS_OK_LEASED})"
 
 EVENT_TYPE: Final = "message_appended"
 
@@ -134,20 +105,13 @@ def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
     return (c.task_id, seq, 1, [EVENT_TYPE], [1], [payload], [None], [previous], [new])
 
 
-def _head_update(c: Chain, payload: bytes) -> tuple[Any, ...]:
+def _observe_one(c: Chain, payload: bytes) -> tuple[Any, ...]:
     seq, previous, new = c.advance()
-    return (c.task_id, seq, previous, new)
+    return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new)
 
 
-def _scalar_append(c: Chain, payload: bytes) -> tuple[Any, ...]:
-    seq, previous, new = c.advance()
-    return (c.task_id, 1, seq, EVENT_TYPE, 1, payload, None, previous, new)
-
-
-def _store_statement(c: Chain, payload: bytes) -> tuple[Any, ...]:
-    seq, previous, new = c.advance()
-    return (c.task_id, 1, seq, previous, new, None, None, [EVENT_TYPE], [1], [payload], [None],
-            [previous], [new], None, None)
+def _fence_probe(c: Chain, payload: bytes) -> tuple[Any, ...]:
+    return (c.task_id, 1, c.seq, c.hash)
 
 
 def direct(
@@ -179,14 +143,13 @@ async def direct_contenders(
     dsn: str, run_id: str, payload: bytes, raw_payload: bytes, opened: list[Any]
 ) -> list[harness.Contender]:
     """The statement variants, each on its own connection and its own task."""
-    variants: list[tuple[str, str, Arguments, bool]] = [
-        ("wal_events INSERT, scalar VALUES (no head)", EVENT_VALUES, _event_values, False),
-        ("wal_events INSERT from unnest (no head)", EVENT_UNNEST, _event_unnest, False),
-        ("wal_tasks head UPDATE only", HEAD_UPDATE, _head_update, True),
-        ("head UPDATE + INSERT, scalar params", APPEND_ONE_SCALAR, _scalar_append, True),
-        ("store APPEND_EVENTS statement", queries.APPEND_EVENTS, _store_statement, True),
-        ("read-fenced INSERT (FOR SHARE, no head UPDATE)", APPEND_READ_FENCED,
-         _scalar_append, True),
+    variants: list[tuple[str, str, Arguments, bool, int]] = [
+        ("wal_events INSERT, scalar VALUES (no fence)", EVENT_VALUES, _event_values, False, 1),
+        ("wal_events INSERT from unnest (no fence)", EVENT_UNNEST, _event_unnest, False, 1),
+        ("fence probe alone (SELECT EXISTS)", FENCE_PROBE, _fence_probe, True, 1),
+        ("store OBSERVE_ONE without RETURNING", OBSERVE_ONE_NO_RETURNING, _observe_one, True,
+         1),
+        ("store OBSERVE_ONE statement", queries.OBSERVE_ONE, _observe_one, True, 1),
     ]
     contenders: list[harness.Contender] = []
     raw_connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
@@ -200,15 +163,17 @@ async def direct_contenders(
                raw_payload, rows=1),
         reference=True,
     ))
-    for index, (name, query, arguments, has_head) in enumerate(variants):
+    for index, (name, query, arguments, seeded, rows) in enumerate(variants):
         connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
                                            server_settings=TENANT_SETTINGS)
         opened.append(connection)
         chain = Chain(f"var{index}-{run_id}")
-        if has_head:
+        if seeded:
+            # A task row and its first event (epoch 1): the fence's predecessor.
             await connection.execute(CREATE_HEAD, chain.task_id, chain.hash)
+            await connection.execute(EVENT_VALUES, *_event_values(chain, payload))
         contenders.append(harness.Contender(
-            name, direct(connection, query, chain, arguments, payload, rows=1)
+            name, direct(connection, query, chain, arguments, payload, rows=rows)
         ))
     return contenders
 

@@ -432,9 +432,30 @@ def target_status(event_type_name: str) -> Status | None:
     return cls.TARGET_STATUS
 
 
+def _scalar(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return all(_scalar(member) for member in kind.types)
+    return isinstance(kind, _SCALAR_TYPES)
+
+
+_SCALAR_TYPES: Final = (msgspec.inspect.StrType, msgspec.inspect.IntType,
+                        msgspec.inspect.BoolType, msgspec.inspect.FloatType,
+                        msgspec.inspect.NoneType)
+
+_COMPOUND_FIELDS: Final[dict[type[Event], tuple[str, ...]]] = {
+    cls: tuple(field.name for field in msgspec.inspect.type_info(cls).fields
+               if not _scalar(field.type))
+    for cls in EVENT_TYPES.values()
+}
+"""Per event type, the fields that may hold a struct or a user value (the others are
+declared str, int, bool, float or None, and need no conversion)."""
+
+
 def encode_event(event: Event, *, payload_bytes_max: int | None = None) -> tuple[str, int, bytes]:
     """Return ``(type, version, payload bytes)`` for storage; raises InvalidPayload."""
-    fields = {name: _plain(getattr(event, name)) for name in event.__struct_fields__}
+    fields = msgspec.structs.asdict(event)
+    for name in _COMPOUND_FIELDS[type(event)]:
+        fields[name] = _plain(fields[name])
     if payload_bytes_max is None:
         encoded = payloads.encode_payload(fields)
     else:

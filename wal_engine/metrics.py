@@ -23,7 +23,10 @@ The hooks are single calls placed in the engine where the thing happens:
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from wal_engine.errors import ConfigurationError
@@ -37,6 +40,81 @@ folded_buckets_events: Final = (0, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
 EXTRA_HINT: Final = "install the metrics extra: pip install 'wal-engine[metrics]'"
 
 
+class _PathTally:
+    """Statements and latency of one append path, as plain numbers."""
+
+    __slots__ = ("buckets", "count", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.buckets = [0] * (len(append_buckets_s) + 1)
+        """Observations per bucket (not cumulative); the last one is above every bound."""
+
+
+class AppendTally:
+    """The append hot path's metrics, kept as plain numbers and read at scrape time.
+
+    Every append moves three metrics. Through prometheus-client's Counter and Histogram
+    objects that is five locked increments and several Python calls (~3 µs measured on the
+    benchmark machine, on a step of two appends); here it is one lock and a bisect. A
+    registered collector turns the numbers into the same metric families when scraped:
+    ``wal_engine_events_appended_total``, ``wal_engine_append_statements_total`` and the
+    ``wal_engine_append_seconds`` histogram, by ``path``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events = 0
+        self.paths = {path: _PathTally() for path in ("single", "group")}
+
+    def add_events(self, count: int) -> None:
+        """``count`` events were accepted."""
+        with self._lock:
+            self.events += count
+
+    def observe(self, path: str, seconds: float) -> None:
+        """One append statement of ``path`` took ``seconds``."""
+        tally = self.paths[path]
+        with self._lock:
+            tally.count += 1
+            tally.seconds += seconds
+            tally.buckets[bisect.bisect_left(append_buckets_s, seconds)] += 1
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families (the registry calls this on every scrape)."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        with self._lock:
+            events = self.events
+            paths = {path: (t.count, t.seconds, list(t.buckets))
+                     for path, t in self.paths.items()}
+        appended = CounterMetricFamily("wal_engine_events_appended",
+                                       "Events accepted by fenced appends.")
+        appended.add_metric([], events)
+        statements = CounterMetricFamily("wal_engine_append_statements",
+                                         "Append statements sent.", labels=["path"])
+        latency = HistogramMetricFamily("wal_engine_append_seconds",
+                                        "Latency of one append statement.", labels=["path"])
+        for path, (count, seconds, buckets) in paths.items():
+            statements.add_metric([path], count)
+            cumulative, running = [], 0
+            for bound, observed in zip((*map(_bound, append_buckets_s), "+Inf"), buckets,
+                                       strict=True):
+                running += observed
+                cumulative.append((bound, running))
+            latency.add_metric([path], cumulative, sum_value=seconds)
+        yield appended
+        yield statements
+        yield latency
+
+
+def _bound(seconds: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return str(floatToGoString(seconds))
+
+
 class Instruments:
     """The engine's counters and histograms, registered in one registry."""
 
@@ -45,14 +123,8 @@ class Instruments:
 
         target = REGISTRY if registry is None else registry
         self.registry = target
-        self.events_appended = Counter(
-            "wal_engine_events_appended", "Events accepted by fenced appends.", registry=target)
-        self.append_statements = Counter(
-            "wal_engine_append_statements", "Append statements sent.", ["path"],
-            registry=target)
-        self.append_seconds = Histogram(
-            "wal_engine_append_seconds", "Latency of one append statement.", ["path"],
-            buckets=append_buckets_s, registry=target)
+        self.appends = AppendTally()
+        target.register(self.appends)
         self.tasks_claimed = Counter(
             "wal_engine_tasks_claimed", "Tasks leased by a worker.", registry=target)
         self.tasks_orphaned = Counter(
@@ -70,12 +142,6 @@ class Instruments:
         self.resume_events_folded = Histogram(
             "wal_engine_resume_events_folded", "Events folded to resume a task.", ["source"],
             buckets=folded_buckets_events, registry=target)
-        # The per-append children, looked up once: labels() takes a lock and builds a key
-        # on every call, which the append hot path would pay twice per statement.
-        self.append_paths = {
-            path: (self.append_statements.labels(path), self.append_seconds.labels(path))
-            for path in ("single", "group")
-        }
 
 
 def _load() -> Instruments | None:
@@ -109,17 +175,14 @@ def clock() -> float:
 
 def append_observed(path: str, started: float) -> None:
     """One append statement of ``path`` (``single`` or ``group``) finished."""
-    if _instruments is None:
-        return
-    statements, seconds = _instruments.append_paths[path]
-    statements.inc()
-    seconds.observe(time.perf_counter() - started)
+    if _instruments is not None:
+        _instruments.appends.observe(path, time.perf_counter() - started)
 
 
 def events_appended(count: int) -> None:
     """``count`` events of one task were accepted."""
     if _instruments is not None:
-        _instruments.events_appended.inc(count)
+        _instruments.appends.add_events(count)
 
 
 def tasks_claimed(count: int) -> None:

@@ -61,15 +61,22 @@ def _problem(value: Any, depth: int) -> Problem | None:
             for key, item in value.items():
                 if type(key) is not str:
                     return [], f"object key {key!r} is not a string"
-                reason = _text_problem(key)
-                if reason is not None:
-                    return [], reason
+                if "\x00" in key or not key.isascii():
+                    reason = _text_problem(key)
+                    if reason is not None:
+                        return [], reason
+                # Plain ASCII text without NUL, the most common leaf, is checked here
+                # rather than in a call per value.
+                if type(item) is str and item.isascii() and "\x00" not in item:
+                    continue
                 found = _problem(item, depth + 1)
                 if found is not None:
                     found[0].append(f".{key}")
                     return found
             return None
         for index, item in enumerate(value):
+            if type(item) is str and item.isascii() and "\x00" not in item:
+                continue
             found = _problem(item, depth + 1)
             if found is not None:
                 found[0].append(f"[{index}]")

@@ -312,12 +312,22 @@ class DefaultRedactor:
                 return REDACTED
             if is_secret_ref(value) or is_sealed(value):
                 return value  # A reference names a secret; an envelope is ciphertext.
-            redacted = {key: REDACTED if item is not None and type(key) is str
-                        and self.is_secret_key(key) else self._walk(item, depth + 1)
-                        for key, item in value.items()}
             # Unchanged values come back as the same object: callers test identity, not
-            # equality (a deep comparison costs as much as the walk).
-            return value if all(redacted[k] is v for k, v in value.items()) else redacted
+            # equality (a deep comparison costs as much as the walk). A copy is made at the
+            # first change only.
+            redacted: dict[Any, Any] | None = None
+            for key, item in value.items():
+                if item is not None and type(key) is str and self.is_secret_key(key):
+                    after = REDACTED
+                elif type(item) is str:
+                    after = self.redact_text(item)
+                else:
+                    after = self._walk(item, depth + 1)
+                if after is not item:
+                    if redacted is None:
+                        redacted = dict(value)
+                    redacted[key] = after
+            return value if redacted is None else redacted
         if kind is list or kind is tuple:
             if depth >= redaction_depth_max:
                 return REDACTED
