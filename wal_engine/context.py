@@ -302,7 +302,8 @@ class AgentContext:
     async def _next(self, kind: CallKind, name: str, hashed: str) -> Outcome:
         run = self._run
         run.check_live()
-        await run.release_if_requested()
+        if run.suspend_requested:
+            await run.release_if_requested()
         assert run.journal is not None
         return run.journal.next_call(kind, name, hashed)
 

@@ -103,14 +103,22 @@ class GroupCommitter:
             self._in_flight -= 1
             self._maybe_flush()
 
+    def _held(self) -> Any:
+        """The kept connection while it is usable, else None (no await: the lone-append
+        path checks it on every append)."""
+        connection = self._connection
+        if connection is None:
+            return None
+        try:
+            return None if connection.is_closed() else connection
+        except CONNECTION_ERRORS:
+            return None  # Its session was terminated: the proxy is detached ("released").
+
     async def _pinned(self) -> Any:
-        if self._connection is not None:
-            try:
-                if not self._connection.is_closed():
-                    return self._connection
-            except CONNECTION_ERRORS:
-                pass  # Its session was terminated: the proxy is detached ("released").
-            await self._drop_connection()  # Give the pool its slot back, then take another.
+        connection = self._held()
+        if connection is not None:
+            return connection
+        await self._drop_connection()  # Give the pool its slot back, then take another.
         self._connection = await self.store.database.pool.acquire()
         return self._connection
 
@@ -121,7 +129,9 @@ class GroupCommitter:
                 await self.store.database.pool.release(connection)
 
     async def _send_one(self, append: PendingAppend) -> AppendResult:
-        connection = await self._pinned()
+        connection = self._held()
+        if connection is None:
+            connection = await self._pinned()
         try:
             return await self.store.append_events(
                 append.task_id, append.events, epoch=append.epoch,

@@ -73,10 +73,11 @@ class AppendTally:
         with self._lock:
             self.events += count
 
-    def observe(self, path: str, seconds: float) -> None:
-        """One append statement of ``path`` took ``seconds``."""
+    def observe(self, path: str, seconds: float, events: int) -> None:
+        """One append statement of ``path`` took ``seconds`` and wrote ``events`` events."""
         tally = self.paths[path]
         with self._lock:
+            self.events += events
             tally.count += 1
             tally.seconds += seconds
             tally.buckets[bisect.bisect_left(append_buckets_s, seconds)] += 1
@@ -173,14 +174,16 @@ def clock() -> float:
     return time.perf_counter() if _instruments is not None else 0.0
 
 
-def append_observed(path: str, started: float) -> None:
-    """One append statement of ``path`` (``single`` or ``group``) finished."""
+def append_observed(path: str, started: float, events: int) -> None:
+    """One append statement of ``path`` (``single`` or ``group``) finished; it wrote
+    ``events`` events (0 when it was refused)."""
     if _instruments is not None:
-        _instruments.appends.observe(path, time.perf_counter() - started)
+        _instruments.appends.observe(path, time.perf_counter() - started, events)
 
 
 def events_appended(count: int) -> None:
-    """``count`` events of one task were accepted."""
+    """``count`` events of one task were accepted (by an append not timed by
+    :func:`append_observed`)."""
     if _instruments is not None:
         _instruments.appends.add_events(count)
 

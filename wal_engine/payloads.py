@@ -65,9 +65,12 @@ def _problem(value: Any, depth: int) -> Problem | None:
                     reason = _text_problem(key)
                     if reason is not None:
                         return [], reason
-                # Plain ASCII text without NUL, the most common leaf, is checked here
-                # rather than in a call per value.
-                if type(item) is str and item.isascii() and "\x00" not in item:
+                # The common leaves (plain ASCII text without NUL, None, booleans) are
+                # checked here rather than in a call per value.
+                if type(item) is str:
+                    if item.isascii() and "\x00" not in item:
+                        continue
+                elif item is None or item is True or item is False:
                     continue
                 found = _problem(item, depth + 1)
                 if found is not None:

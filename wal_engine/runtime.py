@@ -284,7 +284,7 @@ class TaskRun:
         try:
             result = await self.engine.committer.append(PendingAppend(
                 task_id=self.task_id, epoch=self.epoch, expected_seq=self.head_seq,
-                prev_hash=self.head_hash, events=list(events), encoded=encoded,
+                prev_hash=self.head_hash, events=events, encoded=encoded,
             ))
         except (LeaseLost, ConcurrencyConflict, UnknownTask) as error:
             self.fence(str(error))

@@ -50,9 +50,9 @@ def test_hooks_count_into_the_default_registry() -> None:
     metrics.call_retried("llm", "in_doubt")
     metrics.budget_tripped("max_tokens")
     metrics.effect_deduplicated()
-    metrics.append_observed("group", metrics.clock())
+    metrics.append_observed("group", metrics.clock(), 3)
     metrics.resumed(40, from_snapshot=True)
-    assert sample("wal_engine_events_appended_total") == before["events"] + 5
+    assert sample("wal_engine_events_appended_total") == before["events"] + 5 + 3
     assert sample("wal_engine_tasks_claimed_total") == before["claims"] + 2
     assert sample("wal_engine_tasks_orphaned_total") == before["orphans"] + 1
     assert sample("wal_engine_call_retries_total",
@@ -103,7 +103,7 @@ def test_without_the_extra_every_hook_is_free_and_serve_says_how_to_install() ->
             raise AssertionError("a clock was read")
         time.perf_counter = no_clock
         assert metrics.clock() == 0.0
-        metrics.append_observed("single", 0.0)
+        metrics.append_observed("single", 0.0, 1)
         metrics.events_appended(1); metrics.tasks_claimed(1); metrics.tasks_orphaned(1)
         metrics.call_failed("tool", True); metrics.call_retried("tool", "in_doubt")
         metrics.budget_tripped("max_steps"); metrics.effect_deduplicated()

@@ -235,6 +235,11 @@ class Store:
         caller holds (not in a transaction), with the usual resolution of an unknown outcome.
         """
         check_history_bound(task_id, expected_seq, events, self.events_per_task_max)
+        if (len(events) == 1 and encoded is not None and connection is None
+                and type(events[0]).TARGET_STATUS is None):
+            return await self._observe_one(task_id, events[0], encoded[0], epoch=epoch,
+                                           expected_seq=expected_seq, prev_hash=prev_hash,
+                                           via=via)
         batch = encode_batch(
             task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
             payload_bytes_max=self.payload_bytes_max, encoded=encoded,
@@ -247,18 +252,45 @@ class Store:
                                              connection=connection)
             if len(rows) != len(events):
                 raise await self._rejection(task_id, epoch, expected_seq)
+            metrics.events_appended(len(events))
             return _accepted(task_id, expected_seq, len(events), batch)
         started = metrics.clock()
         try:
             rows = await self.database.fetch(statement, *args, task_id=task_id, connection=via)
         except CONNECTION_ERRORS as error:
-            rows = await self._resolve_ambiguous(task_id, expected_seq, batch, error)
+            rows = await self._resolve_ambiguous(task_id, expected_seq, batch.hashes, error)
         except asyncpg.UniqueViolationError:
             rows = []  # Another writer took the seq first: classified below.
-        metrics.append_observed("single", started)
         if len(rows) != len(events):
+            metrics.append_observed("single", started, 0)
             raise await self._rejection(task_id, epoch, expected_seq)
+        metrics.append_observed("single", started, len(events))
         return _accepted(task_id, expected_seq, len(events), batch)
+
+    async def _observe_one(self, task_id: str, event: vocabulary.Event,
+                           encoded: tuple[str, int, bytes], *, epoch: int, expected_seq: int,
+                           prev_hash: bytes, via: asyncpg.Connection | None) -> AppendResult:
+        """:meth:`append_events` of one encoded observation, the append of nearly every
+        call and message: the same statement as a batch of one (``OBSERVE_ONE``), without
+        building a batch."""
+        kind, version, payload = encoded
+        digest = event_hash(prev_hash, task_id, expected_seq + 1, kind, version, epoch, payload)
+        started = metrics.clock()
+        try:
+            rows = await self.database.fetch(
+                queries.OBSERVE_ONE, task_id, epoch, expected_seq, prev_hash, kind, version,
+                payload, getattr(event, "idempotency_key", None), digest, task_id=task_id,
+                connection=via)
+        except CONNECTION_ERRORS as error:
+            rows = await self._resolve_ambiguous(task_id, expected_seq, (digest,), error)
+        except asyncpg.UniqueViolationError:
+            rows = []  # Another writer took the seq first: classified below.
+        if not rows:
+            metrics.append_observed("single", started, 0)
+            raise await self._rejection(task_id, epoch, expected_seq)
+        metrics.append_observed("single", started, 1)
+        return AppendResult(task_id=task_id, first_seq=expected_seq + 1,
+                            head_seq=expected_seq + 1, head_hash=digest, status=None)
 
     async def append_many(
         self, appends: Sequence[PendingAppend], *, via: asyncpg.Connection | None = None
@@ -288,8 +320,9 @@ class Store:
             # A racing writer took a seq of one of the tasks: the shared statement is void;
             # append task by task so that only that task is refused.
             return await self._append_each(appends, batches)
-        metrics.append_observed("group", started)
         accepted = {row["task_id"] for row in rows}
+        metrics.append_observed("group", started, sum(
+            len(append.events) for append in appends if append.task_id in accepted))
         results: dict[str, AppendResult | WalError] = {}
         for append, batch in zip(appends, batches, strict=True):
             if append.task_id in accepted:
@@ -332,9 +365,11 @@ class Store:
             expected_seq=append.expected_seq, prev_hash=append.prev_hash,
             payload_bytes_max=self.payload_bytes_max, encoded=append.encoded,
         )
-        rows = await self._resolve_ambiguous(append.task_id, append.expected_seq, batch, error)
+        rows = await self._resolve_ambiguous(append.task_id, append.expected_seq,
+                                             batch.hashes, error)
         if len(rows) != len(append.events):
             raise await self._rejection(append.task_id, append.epoch, append.expected_seq)
+        metrics.events_appended(len(append.events))
         return _accepted(append.task_id, append.expected_seq, len(append.events), batch)
 
     async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
@@ -358,7 +393,7 @@ class Store:
         return ConcurrencyConflict(task_id, expected_seq, int(row["seq"]))
 
     async def _resolve_ambiguous(
-        self, task_id: str, expected_seq: int, batch: _Batch, error: BaseException
+        self, task_id: str, expected_seq: int, hashes: Sequence[bytes], error: BaseException
     ) -> list[Any]:
         """Decide whether an append whose connection failed was committed.
 
@@ -368,14 +403,14 @@ class Store:
         """
         log.warning("append_outcome_unknown", task_id=task_id, seq=expected_seq + 1,
                     error=type(error).__name__)
-        last_seq = expected_seq + len(batch.hashes)
+        last_seq = expected_seq + len(hashes)
         deadline = asyncio.get_running_loop().time() + ambiguous_resolve_s
         delay_s = 0.05
         while True:
             try:
                 rows = await self.database.fetch(
                     queries.READ_EVENT_HASHES, task_id, expected_seq + 1, last_seq,
-                    len(batch.hashes), task_id=task_id, fresh=True,
+                    len(hashes), task_id=task_id, fresh=True,
                 )
                 break
             except (*CONNECTION_ERRORS, DatabaseUnavailable):
@@ -384,7 +419,7 @@ class Store:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 1.0)
         stored = {row["seq"]: row["hash"] for row in rows}
-        if all(stored.get(expected_seq + i + 1) == h for i, h in enumerate(batch.hashes)):
+        if all(stored.get(expected_seq + i + 1) == h for i, h in enumerate(hashes)):
             log.info("append_outcome_resolved", task_id=task_id, committed=True)
             return list(rows)
         log.info("append_outcome_resolved", task_id=task_id, committed=False)
@@ -470,7 +505,6 @@ class Store:
 
 
 def _accepted(task_id: str, expected_seq: int, count: int, batch: _Batch) -> AppendResult:
-    metrics.events_appended(count)
     return AppendResult(
         task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + count,
         head_hash=batch.new_hash,
