@@ -442,10 +442,14 @@ _SCALAR_TYPES: Final = (msgspec.inspect.StrType, msgspec.inspect.IntType,
                         msgspec.inspect.BoolType, msgspec.inspect.FloatType,
                         msgspec.inspect.NoneType)
 
+def _compound_fields(cls: type[Event]) -> tuple[str, ...]:
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(field.name for field in info.fields if not _scalar(field.type))
+
+
 _COMPOUND_FIELDS: Final[dict[type[Event], tuple[str, ...]]] = {
-    cls: tuple(field.name for field in msgspec.inspect.type_info(cls).fields
-               if not _scalar(field.type))
-    for cls in EVENT_TYPES.values()
+    cls: _compound_fields(cls) for cls in EVENT_TYPES.values()
 }
 """Per event type, the fields that may hold a struct or a user value (the others are
 declared str, int, bool, float or None, and need no conversion)."""

@@ -111,9 +111,8 @@ class AppendTally:
 
 
 def _bound(seconds: float) -> str:
-    from prometheus_client.utils import floatToGoString
-
-    return str(floatToGoString(seconds))
+    """A bucket's ``le`` label as prometheus-client writes it (``0.0005``, ``1.0``)."""
+    return repr(float(seconds))
 
 
 class Instruments:

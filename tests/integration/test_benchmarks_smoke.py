@@ -40,3 +40,29 @@ async def test_append_benchmark_quick_run_prints_both_contenders(
     names = {contender["name"] for contender in single["contenders"]}
     assert names == {"raw INSERT 1 row", "wal-engine append_events"}
     assert document["machine"]["postgres"]["fsync"] in {"on", "off"}
+
+
+async def test_append_breakdown_quick_run_measures_the_current_statements(
+    database_dsn: str
+) -> None:
+    """`python -m benchmarks.append_breakdown --quick` exits 0 and times the store's own
+    observation statement (it once named a statement the store no longer had)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.append_breakdown", "--quick", "--no-json",
+        "--dsn", database_dsn,
+        cwd=REPOSITORY,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    output = stdout.decode()
+    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    rows = [line for line in output.splitlines() if line.startswith("| single |")]
+    assert any("raw INSERT (direct) (ref)" in line for line in rows), output
+    assert any("store OBSERVE_ONE statement" in line for line in rows), output
+    assert any("Store.append_events via pool" in line for line in rows), output
