@@ -6,9 +6,10 @@ that ingredient, measured in the same run. One event of 500 bytes per operation,
 each, sequential.
 
 * direct connection (no pool), prepared statements: the raw INSERT (reference); the event row
-  alone (scalar VALUES, then ``unnest`` arrays); the fence alone (the predecessor probe of an
-  observation, as a read); the store's one-observation statement (``OBSERVE_ONE``) without
-  and with its ``RETURNING``;
+  alone (scalar VALUES, then ``unnest`` arrays; then into a copy of the table with the CHECK
+  constraints it had before decision 28 of ``docs/architecture.md``); the fence alone (the
+  predecessor probe of an observation, as a read); the store's one-observation statement
+  (``OBSERVE_ONE``) without and with its ``RETURNING``;
 * through a pool: the raw INSERT, ``Store.append_events``, and ``Store.append_events`` on a
   pool whose reset-on-release is a no-op (asyncpg's default reset runs one more statement,
   ``RESET ALL`` and friends, after every release: a second round trip per append).
@@ -66,6 +67,21 @@ SELECT $1, $2 + e.ord, e.type, e.version, $3, e.payload, e.idempotency_key, e.pr
   FROM unnest($4::text[], $5::int2[], $6::bytea[], $7::text[], $8::bytea[], $9::bytea[])
        WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
 """
+
+# A copy of wal_events with the seven CHECK constraints it had before decision 28 of
+# docs/architecture.md: what they cost per insert (PostgreSQL rebuilds check expressions
+# at each inserting statement).
+CHECKED_TABLE: Final = "bench_events_checked"
+CREATE_CHECKED: Final = f"""
+CREATE TABLE IF NOT EXISTS {CHECKED_TABLE} (
+    LIKE wal_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES,
+    CHECK (length(tenant) BETWEEN 1 AND 64), CHECK (seq >= 1),
+    CHECK (length(type) BETWEEN 1 AND 64), CHECK (version >= 1), CHECK (epoch >= 0),
+    CHECK (octet_length(prev_hash) = 32), CHECK (octet_length(hash) = 32)
+)
+"""
+CHECKED_VALUES: Final = EVENT_VALUES.replace("INSERT INTO wal_events",
+                                             f"INSERT INTO {CHECKED_TABLE}")
 
 # The store's observation statement (queries.OBSERVE_ONE) without RETURNING: what reading
 # back the inserted row costs.
@@ -145,6 +161,8 @@ async def direct_contenders(
     """The statement variants, each on its own connection and its own task."""
     variants: list[tuple[str, str, Arguments, bool, int]] = [
         ("wal_events INSERT, scalar VALUES (no fence)", EVENT_VALUES, _event_values, False, 1),
+        ("same INSERT, table with the former CHECKs", CHECKED_VALUES, _event_values, False,
+         1),
         ("wal_events INSERT from unnest (no fence)", EVENT_UNNEST, _event_unnest, False, 1),
         ("fence probe alone (SELECT EXISTS)", FENCE_PROBE, _fence_probe, True, 1),
         ("store OBSERVE_ONE without RETURNING", OBSERVE_ONE_NO_RETURNING, _observe_one, True,
@@ -155,6 +173,7 @@ async def direct_contenders(
     raw_connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
                                            server_settings=TENANT_SETTINGS)
     opened.append(raw_connection)
+    await raw_connection.execute(CREATE_CHECKED)
     raw = Chain(f"raw-direct-{run_id}")
     contenders.append(harness.Contender(
         "raw INSERT (direct)",
