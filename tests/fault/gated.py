@@ -76,10 +76,13 @@ async def zombie_round(engine: Engine, gate: asyncio.Event, inside: asyncio.Even
         await asyncio.wait_for(inside.wait(), timeout_s)
         zombie_epoch = (await engine.head(task_id)).lease_epoch
         # The sweep skips a row another transaction holds (SKIP LOCKED): try until the
-        # zombie's lease is broken, i.e. the task has moved to a newer epoch.
+        # zombie's lease is broken, here or by a worker's own sweeper once it has expired:
+        # the task has moved to a newer epoch, or (the D12 control whose sweeps keep the
+        # epoch) the zombie no longer owns it.
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not await expire_leases(engine, [task_id]):
-            if (await engine.head(task_id)).lease_epoch > zombie_epoch:
+            head = await engine.head(task_id)
+            if head.lease_epoch > zombie_epoch or head.lease_owner != ZOMBIE:
                 break
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"the lease of {task_id} could not be broken")
