@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 from wal_engine import events as ev
@@ -50,3 +53,24 @@ async def task_with_messages(store: Store, task_id: str, messages: int) -> int:
             epoch=head.lease_epoch, expected_seq=seq, prev_hash=digest)
         seq, digest = result.head_seq, result.head_hash
     return seq
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+async def run_module(module: str, *args: str, timeout_s: float) -> str:
+    """Run ``python -m module args`` from the repository; its stdout once it exited 0 (the
+    process is killed past ``timeout_s``; a failure shows its output)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, cwd=REPOSITORY,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    output = stdout.decode()
+    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    return output

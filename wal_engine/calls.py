@@ -35,13 +35,7 @@ from wal_engine.context import (
 from wal_engine.errors import InvalidPayload
 from wal_engine.idempotency import Claim
 from wal_engine.ids import idempotency_key
-from wal_engine.redaction import (
-    has_secret_refs,
-    redact_event,
-    resolve_secret_refs,
-    scrub_values,
-    secrets_in,
-)
+from wal_engine.redaction import redact_event, resolve_secret_refs, scrub_values, secrets_in
 from wal_engine.retries import RetryPolicy, backoff_delay_s, should_retry
 from wal_engine.runtime import INTERNAL_PREFIX, Finished, Suspended
 from wal_engine.state_machine import Status
@@ -161,11 +155,8 @@ class ToolCaller:
                 # values, and those redacted from the arguments by key name, are scrubbed
                 # from the outcome too: a tool may echo them.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
-                argument = spec.args
-                if has_secret_refs(argument):
-                    argument, resolved = await resolve_secret_refs(argument,
-                                                                   run.engine.secrets)
-                    self.secrets_used += resolved
+                argument, resolved = await resolve_secret_refs(spec.args, run.engine.secrets)
+                self.secrets_used += resolved
                 result = await call_function(spec.function, argument, spec.timeout_s)
                 failpoints.hit("after_effect_before_result")
             except Exception as error:

@@ -302,8 +302,7 @@ class AgentContext:
     async def _next(self, kind: CallKind, name: str, hashed: str) -> Outcome:
         run = self._run
         run.check_live()
-        if run.suspend_requested:
-            await run.release_if_requested()
+        await run.release_if_requested()
         assert run.journal is not None
         return run.journal.next_call(kind, name, hashed)
 

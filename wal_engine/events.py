@@ -432,15 +432,16 @@ def target_status(event_type_name: str) -> Status | None:
     return cls.TARGET_STATUS
 
 
+_SCALAR_TYPES: Final = (msgspec.inspect.StrType, msgspec.inspect.IntType,
+                        msgspec.inspect.BoolType, msgspec.inspect.FloatType,
+                        msgspec.inspect.NoneType)
+
+
 def _scalar(kind: msgspec.inspect.Type) -> bool:
     if isinstance(kind, msgspec.inspect.UnionType):
         return all(_scalar(member) for member in kind.types)
     return isinstance(kind, _SCALAR_TYPES)
 
-
-_SCALAR_TYPES: Final = (msgspec.inspect.StrType, msgspec.inspect.IntType,
-                        msgspec.inspect.BoolType, msgspec.inspect.FloatType,
-                        msgspec.inspect.NoneType)
 
 def _compound_fields(cls: type[Event]) -> tuple[str, ...]:
     info = msgspec.inspect.type_info(cls)

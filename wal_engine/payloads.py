@@ -57,32 +57,25 @@ def _problem(value: Any, depth: int) -> Problem | None:
     if kind is dict or kind is list or kind is tuple:
         if depth >= limits.payload_depth_max:
             return [], f"nested deeper than {limits.payload_depth_max} levels"
-        if kind is dict:
-            for key, item in value.items():
+        is_dict = kind is dict
+        for key, item in value.items() if is_dict else enumerate(value):
+            if is_dict:
                 if type(key) is not str:
                     return [], f"object key {key!r} is not a string"
                 if "\x00" in key or not key.isascii():
                     reason = _text_problem(key)
                     if reason is not None:
                         return [], reason
-                # The common leaves (plain ASCII text without NUL, None, booleans) are
-                # checked here rather than in a call per value.
-                if type(item) is str:
-                    if item.isascii() and "\x00" not in item:
-                        continue
-                elif item is None or item is True or item is False:
+            # The common leaves (plain ASCII text without NUL, None, booleans) are checked
+            # here rather than in a call per value.
+            if type(item) is str:
+                if item.isascii() and "\x00" not in item:
                     continue
-                found = _problem(item, depth + 1)
-                if found is not None:
-                    found[0].append(f".{key}")
-                    return found
-            return None
-        for index, item in enumerate(value):
-            if type(item) is str and item.isascii() and "\x00" not in item:
+            elif item is None or item is True or item is False:
                 continue
             found = _problem(item, depth + 1)
             if found is not None:
-                found[0].append(f"[{index}]")
+                found[0].append(f".{key}" if is_dict else f"[{key}]")
                 return found
         return None
     return [], f"{kind.__name__} is not a plain JSON value"

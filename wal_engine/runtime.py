@@ -55,10 +55,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 INTERNAL_PREFIX: Final = "~"
-TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
-"""The name a tripped per-tenant LLM spend cap has in ``budget_exceeded``."""
 """Call ids and signal names the engine uses for its own waits (approvals, reconciliation,
 retry timers). The journal the agent code is matched against leaves them out."""
+TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
+"""The name a tripped per-tenant LLM spend cap has in ``budget_exceeded``."""
 
 _no_budget: Final = ev.Budget()
 diagnostic_events_max: Final = 10

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+from tests.helpers import run_module
+
 RUN_TIMEOUT_S = 300.0
 
 
@@ -17,19 +16,8 @@ async def test_suite_quick_run_prints_the_table_and_writes_the_json(
     """`python -m benchmarks --quick` exits 0, prints its tables and writes its JSON; a peer
     that is not installed is skipped with a reason, never a failure."""
     results = tmp_path / "latest.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks", "--quick", "--dsn", database_dsn,
-        "--json", str(results), cwd=REPOSITORY,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    output = stdout.decode()
-    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    output = await run_module("benchmarks", "--quick", "--dsn", database_dsn,
+                              "--json", str(results), timeout_s=RUN_TIMEOUT_S)
     assert "| workload | contender |" in output
     assert "| contender | step p50 / p99 ms |" in output
     assert "### Targets" in output

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+from tests.helpers import run_module
+
 RUN_TIMEOUT_S = 120.0
 
 
@@ -16,21 +15,8 @@ async def test_append_benchmark_quick_run_prints_both_contenders(
 ) -> None:
     """`python -m benchmarks.append --quick` exits 0 and reports wal-engine beside raw asyncpg."""
     results = tmp_path / "append.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.append", "--quick", "--dsn", database_dsn,
-        "--json", str(results),
-        cwd=REPOSITORY,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    output = stdout.decode()
-    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    output = await run_module("benchmarks.append", "--quick", "--dsn", database_dsn,
+                              "--json", str(results), timeout_s=RUN_TIMEOUT_S)
     assert "| workload | contender |" in output
     table = [line for line in output.splitlines() if line.startswith("| single |")]
     assert any("raw INSERT 1 row (ref)" in line for line in table), output
@@ -47,21 +33,8 @@ async def test_append_breakdown_quick_run_measures_the_current_statements(
 ) -> None:
     """`python -m benchmarks.append_breakdown --quick` exits 0 and times the store's own
     observation statement (it once named a statement the store no longer had)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.append_breakdown", "--quick", "--no-json",
-        "--dsn", database_dsn,
-        cwd=REPOSITORY,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    output = stdout.decode()
-    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    output = await run_module("benchmarks.append_breakdown", "--quick", "--no-json",
+                              "--dsn", database_dsn, timeout_s=RUN_TIMEOUT_S)
     rows = [line for line in output.splitlines() if line.startswith("| single |")]
     assert any("raw INSERT (direct) (ref)" in line for line in rows), output
     assert any("store OBSERVE_ONE statement" in line for line in rows), output

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_module
 
 pytest.importorskip(
     "langgraph.checkpoint.postgres",
     reason="the [langgraph] extra is not installed: pip install 'wal-engine[langgraph]'",
 )
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240.0
 
 
@@ -23,19 +22,8 @@ async def test_langgraph_benchmark_quick_run_reports_both_savers(
 ) -> None:
     """`python -m benchmarks.langgraph_saver --quick` exits 0 with both savers and bytes/step."""
     results = tmp_path / "langgraph_saver.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.langgraph_saver", "--quick", "--dsn", database_dsn,
-        "--json", str(results), cwd=REPOSITORY,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    output = stdout.decode()
-    assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
+    output = await run_module("benchmarks.langgraph_saver", "--quick", "--dsn", database_dsn,
+                              "--json", str(results), timeout_s=RUN_TIMEOUT_S)
     document = json.loads(results.read_text())
     workloads = {workload["name"] for workload in document["workloads"]}
     assert {"put", "put_writes", "get@100"} <= workloads

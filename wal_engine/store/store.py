@@ -235,62 +235,43 @@ class Store:
         caller holds (not in a transaction), with the usual resolution of an unknown outcome.
         """
         check_history_bound(task_id, expected_seq, events, self.events_per_task_max)
-        if (len(events) == 1 and encoded is not None and connection is None
-                and type(events[0]).TARGET_STATUS is None):
-            return await self._observe_one(task_id, events[0], encoded[0], epoch=epoch,
-                                           expected_seq=expected_seq, prev_hash=prev_hash,
-                                           via=via)
-        batch = encode_batch(
-            task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
-            payload_bytes_max=self.payload_bytes_max, encoded=encoded,
-        )
-        if status is not None and batch.path:
-            check_path(status, (Status(name) for name in batch.path), task_id)
-        statement, args = _append_statement(task_id, epoch, expected_seq, prev_hash, batch)
+        hashes: Sequence[bytes]
+        if len(events) == 1 and type(events[0]).TARGET_STATUS is None:
+            # One observation, the append of nearly every call and message: its statement
+            # without building a batch.
+            statement, args, hashes = _observation(
+                task_id, events[0], None if encoded is None else encoded[0], epoch=epoch,
+                expected_seq=expected_seq, prev_hash=prev_hash,
+                payload_bytes_max=self.payload_bytes_max)
+            new_status = None
+        else:
+            batch = encode_batch(
+                task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
+                payload_bytes_max=self.payload_bytes_max, encoded=encoded,
+            )
+            if status is not None and batch.path:
+                check_path(status, (Status(name) for name in batch.path), task_id)
+            statement, args = _append_statement(task_id, epoch, expected_seq, prev_hash, batch)
+            hashes, new_status = batch.hashes, batch.new_status
         if connection is not None:
             rows = await self.database.fetch(statement, *args, task_id=task_id,
                                              connection=connection)
             if len(rows) != len(events):
                 raise await self._rejection(task_id, epoch, expected_seq)
             metrics.events_appended(len(events))
-            return _accepted(task_id, expected_seq, len(events), batch)
+            return _accepted(task_id, expected_seq, len(events), hashes[-1], new_status)
         started = metrics.clock()
         try:
             rows = await self.database.fetch(statement, *args, task_id=task_id, connection=via)
         except CONNECTION_ERRORS as error:
-            rows = await self._resolve_ambiguous(task_id, expected_seq, batch.hashes, error)
+            rows = await self._resolve_ambiguous(task_id, expected_seq, hashes, error)
         except asyncpg.UniqueViolationError:
             rows = []  # Another writer took the seq first: classified below.
         if len(rows) != len(events):
             metrics.append_observed("single", started, 0)
             raise await self._rejection(task_id, epoch, expected_seq)
         metrics.append_observed("single", started, len(events))
-        return _accepted(task_id, expected_seq, len(events), batch)
-
-    async def _observe_one(self, task_id: str, event: vocabulary.Event,
-                           encoded: tuple[str, int, bytes], *, epoch: int, expected_seq: int,
-                           prev_hash: bytes, via: asyncpg.Connection | None) -> AppendResult:
-        """:meth:`append_events` of one encoded observation, the append of nearly every
-        call and message: the same statement as a batch of one (``OBSERVE_ONE``), without
-        building a batch."""
-        kind, version, payload = encoded
-        digest = event_hash(prev_hash, task_id, expected_seq + 1, kind, version, epoch, payload)
-        started = metrics.clock()
-        try:
-            rows = await self.database.fetch(
-                queries.OBSERVE_ONE, task_id, epoch, expected_seq, prev_hash, kind, version,
-                payload, getattr(event, "idempotency_key", None), digest, task_id=task_id,
-                connection=via)
-        except CONNECTION_ERRORS as error:
-            rows = await self._resolve_ambiguous(task_id, expected_seq, (digest,), error)
-        except asyncpg.UniqueViolationError:
-            rows = []  # Another writer took the seq first: classified below.
-        if not rows:
-            metrics.append_observed("single", started, 0)
-            raise await self._rejection(task_id, epoch, expected_seq)
-        metrics.append_observed("single", started, 1)
-        return AppendResult(task_id=task_id, first_seq=expected_seq + 1,
-                            head_seq=expected_seq + 1, head_hash=digest, status=None)
+        return _accepted(task_id, expected_seq, len(events), hashes[-1], new_status)
 
     async def append_many(
         self, appends: Sequence[PendingAppend], *, via: asyncpg.Connection | None = None
@@ -327,7 +308,8 @@ class Store:
         for append, batch in zip(appends, batches, strict=True):
             if append.task_id in accepted:
                 results[append.task_id] = _accepted(
-                    append.task_id, append.expected_seq, len(append.events), batch
+                    append.task_id, append.expected_seq, len(append.events), batch.new_hash,
+                    batch.new_status,
                 )
             else:
                 results[append.task_id] = await self._rejection(
@@ -370,7 +352,8 @@ class Store:
         if len(rows) != len(append.events):
             raise await self._rejection(append.task_id, append.epoch, append.expected_seq)
         metrics.events_appended(len(append.events))
-        return _accepted(append.task_id, append.expected_seq, len(append.events), batch)
+        return _accepted(append.task_id, append.expected_seq, len(append.events),
+                         batch.new_hash, batch.new_status)
 
     async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
         """Classify a refused append (a second round trip, on the failure path only).
@@ -504,23 +487,33 @@ class Store:
         return report
 
 
-def _accepted(task_id: str, expected_seq: int, count: int, batch: _Batch) -> AppendResult:
+def _accepted(task_id: str, expected_seq: int, count: int, head_hash: bytes,
+              new_status: str | None) -> AppendResult:
     return AppendResult(
         task_id=task_id, first_seq=expected_seq + 1, head_seq=expected_seq + count,
-        head_hash=batch.new_hash,
-        status=None if batch.new_status is None else Status(batch.new_status),
+        head_hash=head_hash, status=None if new_status is None else Status(new_status),
     )
+
+
+def _observation(task_id: str, event: vocabulary.Event,
+                 encoded: tuple[str, int, bytes] | None, *, epoch: int, expected_seq: int,
+                 prev_hash: bytes, payload_bytes_max: int
+                 ) -> tuple[str, tuple[Any, ...], tuple[bytes]]:
+    """The statement, arguments and hash of one observation (no status move)."""
+    kind, version, payload = encoded if encoded is not None else vocabulary.encode_event(
+        event, payload_bytes_max=payload_bytes_max)
+    digest = event_hash(prev_hash, task_id, expected_seq + 1, kind, version, epoch, payload)
+    return queries.OBSERVE_ONE, (
+        task_id, epoch, expected_seq, prev_hash, kind, version, payload,
+        getattr(event, "idempotency_key", None), digest,
+    ), (digest,)
 
 
 def _append_statement(
     task_id: str, epoch: int, expected_seq: int, prev_hash: bytes, batch: _Batch
 ) -> tuple[str, tuple[Any, ...]]:
-    """The statement and arguments for one task's batch: observations touch only the log."""
-    if batch.new_status is None and len(batch.types) == 1:
-        return queries.OBSERVE_ONE, (
-            task_id, epoch, expected_seq, prev_hash, batch.types[0], batch.versions[0],
-            batch.payloads[0], batch.idempotency_keys[0], batch.hashes[0],
-        )
+    """The statement and arguments for one task's batch: observations touch only the log
+    (a single observation goes through :func:`_observation`)."""
     columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
                batch.prev_hashes, batch.hashes)
     if batch.new_status is None:
