@@ -175,12 +175,14 @@ CREATE TABLE IF NOT EXISTS wal_snapshots (
     CONSTRAINT wal_snapshots_pkey PRIMARY KEY (tenant, task_id, seq)
 );
 
--- ---- segmented snapshots (replay/snapshot.py, STATE_FORMAT 3) -----------------------------
+-- ---- segmented snapshots (replay/snapshot.py, STATE_FORMAT 3 and up) ----------------------
 -- The growing collections of a snapshot's state (messages, calls, ...) are stored once per
 -- task in immutable segments of a fixed number of items; a snapshot row holds the rest of
 -- the state and lists the digests of its segments (wal_snapshots.segments), so that the
 -- statement writing a snapshot prunes the segments no kept snapshot refers to. The digest
--- is the sha256 of the field, the ordinal and the bytes. Derived data, like wal_snapshots:
+-- is the sha256 of the field, the ordinal and the bytes. The bytes are zstd-compressed by the
+-- writer (format 4), so the column is stored as sent (STORAGE EXTERNAL: no pglz attempt on
+-- write, no pglz decompression on read). Derived data, like wal_snapshots:
 -- rows are inserted and deleted, never updated (trigger wal_snapshot_segments_immutable).
 ALTER TABLE wal_snapshots ADD COLUMN IF NOT EXISTS segments bytea[];
 
@@ -194,6 +196,8 @@ CREATE TABLE IF NOT EXISTS wal_snapshot_segments (
     data    bytea NOT NULL,
     CONSTRAINT wal_snapshot_segments_pkey PRIMARY KEY (tenant, task_id, field, ordinal, digest)
 );
+
+ALTER TABLE wal_snapshot_segments ALTER COLUMN data SET STORAGE EXTERNAL;
 -- ---- end of segmented snapshots -----------------------------------------------------------
 
 CREATE TABLE IF NOT EXISTS wal_idempotency (

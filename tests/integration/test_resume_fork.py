@@ -247,6 +247,23 @@ async def _referenced(database: Database, task_id: str) -> set[bytes]:
     return {row["digest"] for row in rows}
 
 
+async def test_segments_are_stored_compressed_as_sent(store: Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments are zstd frames (format 4), and the column is not compressed again."""
+    monkeypatch.setattr(snapshot_module, "segment_items", 4)
+    task_id = await seeded(store, steps(6))
+    await save_snapshot(store.database, await folded(store, task_id))
+    rows = await store.database.fetch(
+        "SELECT substring(data FOR 4) AS magic FROM wal_snapshot_segments WHERE task_id = $1",
+        task_id)
+    assert rows and {row["magic"] for row in rows} == {b"\x28\xb5\x2f\xfd"}
+    storage = await store.database.fetch(
+        "SELECT attstorage FROM pg_attribute"
+        " WHERE attrelid = 'wal_snapshot_segments'::regclass AND attname = 'data'")
+    assert [row["attstorage"] for row in storage] == [b"e"]  # "char"
+    assert await resume(store, task_id) == await folded(store, task_id)
+
+
 async def test_consecutive_snapshots_store_shared_segments_once(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

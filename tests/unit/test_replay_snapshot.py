@@ -138,7 +138,7 @@ PINNED_SHAPE = {
 def test_state_shape_is_pinned_to_the_snapshot_format() -> None:
     """Changing AgentState's shape needs a new STATE_FORMAT (then update this pin with it)."""
     shape = {name: getattr(state_module, name).__struct_fields__ for name in PINNED_SHAPE}
-    assert (STATE_FORMAT, shape) == (3, PINNED_SHAPE), (
+    assert (STATE_FORMAT, shape) == (4, PINNED_SHAPE), (
         "AgentState changed: bump replay.snapshot.STATE_FORMAT so that old snapshots are "
         "ignored, then update PINNED_SHAPE and the format here"
     )
@@ -203,7 +203,7 @@ def test_resume_memory_learns_decoded_segments(monkeypatch: pytest.MonkeyPatch) 
 
 def test_missing_altered_or_misplaced_segments_are_corrupt(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    """A segment missing, not matching its digest, or short raises SnapshotCorrupt."""
+    """A segment missing, not matching its digest, not zstd, or short raises SnapshotCorrupt."""
     monkeypatch.setattr(snapshot_module, "segment_items", 4)
     encoded = encode_snapshot(fold(list(enumerate(_long_history(9), 1)), task_id="t"))
     with pytest.raises(SnapshotCorrupt, match="missing"):
@@ -214,12 +214,18 @@ def test_missing_altered_or_misplaced_segments_are_corrupt(monkeypatch: pytest.M
     moved = msgspec.structs.replace(encoded.new[0], ordinal=1)
     with pytest.raises(SnapshotCorrupt, match="out of place"):
         decode_snapshot(encoded.head, [moved, *encoded.new[1:]])
-    short_data = snapshot_module._encoder.encode([])
-    short = snapshot_module.Segment(field="messages", ordinal=0, data=short_data,
-                                    digest=segment_digest("messages", 0, short_data))
-    head = snapshot_module._encoder.encode(snapshot_module._SnapshotHead(
-        AgentState(task_id="t"), [SegmentRef("messages", 0, short.digest)]))
+
+    def alone(data: bytes) -> tuple[bytes, list[snapshot_module.Segment]]:
+        """A head referring to one segment of these bytes, and that segment (digest right)."""
+        segment = snapshot_module.Segment(field="messages", ordinal=0, data=data,
+                                          digest=segment_digest("messages", 0, data))
+        head = snapshot_module._encoder.encode(snapshot_module._SnapshotHead(
+            AgentState(task_id="t"), [SegmentRef("messages", 0, segment.digest)]))
+        return head, [segment]
+
     with pytest.raises(SnapshotCorrupt, match="holds 0 items"):
-        decode_snapshot(head, [short])
+        decode_snapshot(*alone(snapshot_module._encode_segment(None, [])))
+    with pytest.raises(SnapshotCorrupt, match="does not decompress"):
+        decode_snapshot(*alone(snapshot_module._encoder.encode([])))  # msgpack, not zstd
     with pytest.raises(SnapshotCorrupt):
         decode_snapshot(b"\xc1", [])
