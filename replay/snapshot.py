@@ -266,7 +266,8 @@ def decode_snapshot(
 
     Raises:
         SnapshotCorrupt: the row or a segment does not decode, a referenced segment is
-            missing, its bytes do not match its digest, or it holds the wrong item count.
+            missing, its bytes do not match its digest, it does not decompress, or it holds
+            the wrong item count.
     """
     by_digest = {segment.digest: segment for segment in segments}
     try:
