@@ -113,3 +113,10 @@ async def prepare(engine: Engine) -> None:
     """Create the effect-count tables."""
     await engine.database.fetch(EFFECTS_TABLE.split(";")[0])
     await engine.database.fetch(EFFECTS_TABLE.split(";")[1])
+
+
+async def setup(engine: Engine) -> None:
+    """Register the agents and prepare their tables (the fault workers' register function,
+    ``tests.fault.agents:setup``)."""
+    register(engine)
+    await prepare(engine)

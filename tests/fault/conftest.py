@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,44 +13,9 @@ import pytest_asyncio
 from tests.fault import agents
 from tests.fault.support import ledgered_engine
 from wal_engine.engine import Engine, connect
-from wal_engine.testing.processes import wait_until
+from wal_engine.testing.processes import WorkerProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class WorkerProcess:
-    """One worker subprocess and its output."""
-
-    def __init__(self, dsn: str, worker_id: str, failpoint: str | None, concurrency: int,
-                 env: dict[str, str], log_dir: Path) -> None:
-        self.worker_id = worker_id
-        environment = {**os.environ, **env}
-        environment.pop("ENGINE_FAILPOINT", None)
-        if failpoint:
-            environment["ENGINE_FAILPOINT"] = failpoint
-        self.log_path = log_dir / f"{worker_id}.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fault.worker_main", dsn, worker_id, str(concurrency)],
-            cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def output(self) -> str:
-        """Everything the worker printed so far."""
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (SIGKILL by default) if the process still runs."""
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def close(self) -> None:
-        """Kill and reap the process."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait(timeout=30)
-        self._log.close()
 
 
 wait_for = wait_until
@@ -78,16 +40,17 @@ class FaultHarness:
         self.dsn = dsn
         self.log_dir = log_dir
         self.workers: list[WorkerProcess] = []
-        self.env = {"FAULT_LEASE_TTL_MS": "1000", "FAULT_HEARTBEAT_MS": "250"}
 
     async def spawn(self, worker_id: str, *, failpoint: str | None = None,
                     concurrency: int = 4) -> WorkerProcess:
-        """Start a worker and wait until it says it is ready."""
-        worker = WorkerProcess(self.dsn, worker_id, failpoint, concurrency, self.env,
-                               self.log_dir)
+        """Start a worker (the library's crash-test worker, lease 1 s, heartbeat 250 ms,
+        with the fault agents) and wait until it says it is ready."""
+        worker = WorkerProcess(self.dsn, worker_id, "tests.fault.agents:setup",
+                               log_dir=self.log_dir, failpoint=failpoint,
+                               concurrency=concurrency, lease_ttl_ms=1000, heartbeat_ms=250,
+                               cwd=REPO)
         self.workers.append(worker)
-        await wait_for(lambda: "ready" in worker.output() or worker.process.poll() is not None,
-                       f"{worker_id} to start")
+        await worker.ready()
         return worker
 
     async def effects(self) -> list[Any]:
