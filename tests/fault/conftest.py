@@ -13,7 +13,7 @@ import pytest_asyncio
 from tests.fault import agents
 from tests.fault.support import ledgered_engine
 from wal_engine.engine import Engine, connect
-from wal_engine.testing.processes import WorkerProcess, wait_until
+from wal_engine.testing.processes import WorkerPool, WorkerProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,21 +37,15 @@ class FaultHarness:
 
     def __init__(self, engine: Engine, dsn: str, log_dir: Path) -> None:
         self.engine = engine
-        self.dsn = dsn
-        self.log_dir = log_dir
-        self.workers: list[WorkerProcess] = []
+        self.workers = WorkerPool(dsn, "tests.fault.agents:setup", log_dir, cwd=REPO,
+                                  lease_ttl_ms=1000, heartbeat_ms=250)
 
     async def spawn(self, worker_id: str, *, failpoint: str | None = None,
                     concurrency: int = 4) -> WorkerProcess:
-        """Start a worker (the library's crash-test worker, lease 1 s, heartbeat 250 ms,
-        with the fault agents) and wait until it says it is ready."""
-        worker = WorkerProcess(self.dsn, worker_id, "tests.fault.agents:setup",
-                               log_dir=self.log_dir, failpoint=failpoint,
-                               concurrency=concurrency, lease_ttl_ms=1000, heartbeat_ms=250,
-                               cwd=REPO)
-        self.workers.append(worker)
-        await worker.ready()
-        return worker
+        """Start a worker (the library's crash-test worker with the fault agents, lease 1 s,
+        heartbeat 250 ms) and wait until it says it is ready."""
+        return await self.workers.spawn(worker_id, failpoint=failpoint,
+                                        concurrency=concurrency)
 
     async def effects(self) -> list[Any]:
         """Every row of fault_effects."""
@@ -70,8 +64,7 @@ class FaultHarness:
 
     def close(self) -> None:
         """Kill every worker this harness started."""
-        for worker in self.workers:
-            worker.close()
+        self.workers.close()
 
 
 @pytest.fixture
