@@ -293,7 +293,10 @@ def _tool_uncertain(d: _Draft, e: ev.ToolCallUncertain, seq: int) -> None:
     record = _open_call(d, seq, e.call_id, CallKind.TOOL, "an escalation")
     if record.status is not CallStatus.PENDING:
         raise ReplayError(seq, f"call {e.call_id!r} is already escalated", d.task_id)
-    d.calls[e.call_id] = replace(record, status=CallStatus.UNCERTAIN, outcome_seq=seq)
+    error = record.error if e.error_type is None else CallError(
+        error=e.error or "", error_type=e.error_type)
+    d.calls[e.call_id] = replace(record, status=CallStatus.UNCERTAIN, outcome_seq=seq,
+                                 error=error)
     d.pending.pop(e.call_id, None)
 
 

@@ -5,10 +5,18 @@
 2. run the call with that key in ``ctx.idempotency_key``;
 3. append the result, or the failure of this attempt (with when the next one is due).
 
-On a re-run, an intent without an outcome is *in doubt*: an idempotent tool is called again
-with the same key; a tool with a ``lookup`` is asked what it recorded under the key; a
-non-idempotent tool is escalated (``tool_call_uncertain``), then the task fails or waits for
-a human to reconcile it, and the tool is never re-run blindly (RELIABILITY.md R3).
+A failed attempt is classified by :func:`wal_engine.retries.classify_failure`: retried under
+the same key, recorded as the call's failure, or *in doubt*. A call is also in doubt on a
+re-run when its intent has no outcome (the previous run ended in between). In doubt, an
+idempotent tool is called again with the same key; a tool with a ``lookup`` is asked what
+it recorded under the key; a non-idempotent tool is escalated (``tool_call_uncertain``),
+then the task fails or waits for a human to reconcile it, and the tool is never re-run
+blindly (RELIABILITY.md R3). ``docs/architecture.md`` has the whole table.
+
+Before each attempt acts, the run checks by its own clock that its lease can still be
+trusted (:meth:`~wal_engine.runtime.TaskRun.lease_trusted`): if not, the attempt is
+recorded as not started and the run stops, so a worker that lost its lease starts no
+effect. Sync functions run on the worker's thread pool, where ``timeout_s`` applies too.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
 from wal_engine import failpoints, metrics
 from wal_engine.context import (
+    CallTimedOut,
     LlmResponse,
     ToolError,
     _current_call,
+    _lease_check,
     _ToolSpec,
     call_function,
     wait_signal,
@@ -36,8 +46,15 @@ from wal_engine.errors import InvalidPayload
 from wal_engine.idempotency import Claim
 from wal_engine.ids import idempotency_key
 from wal_engine.redaction import redact_event, resolve_secret_refs, scrub_values, secrets_in
-from wal_engine.retries import RetryPolicy, backoff_delay_s, should_retry
-from wal_engine.runtime import INTERNAL_PREFIX, Finished, Suspended
+from wal_engine.retries import (
+    Disposition,
+    LeaseExpired,
+    RetryPolicy,
+    backoff_delay_s,
+    classify_failure,
+    is_transient,
+)
+from wal_engine.runtime import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.state_machine import Status
 
 if TYPE_CHECKING:
@@ -146,39 +163,72 @@ class ToolCaller:
         return await self._attempts(call_id, key, attempt)
 
     async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
-        """Run attempts until one succeeds, a permanent failure, or the policy gives up."""
+        """Run attempts until one succeeds, a failure that ends the call, or the call is in
+        doubt (then looked up or escalated)."""
         run, spec = self.run, self.spec
         for _ in range(attempts_max):
-            token = _current_call.set(_claim(run, key))
             try:
                 # Secret references are resolved at call time, for this attempt only. Their
                 # values, and those redacted from the arguments by key name, are scrubbed
-                # from the outcome too: a tool may echo them.
+                # from the outcome too: a tool may echo them. A failure here happens
+                # before the tool runs: it did not act.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
                 argument, resolved = await resolve_secret_refs(spec.args, run.engine.secrets)
                 self.secrets_used += resolved
-                result = await call_function(spec.function, argument, spec.timeout_s)
-                failpoints.hit("after_effect_before_result")
             except Exception as error:
-                retry_at = await self._record_failure(call_id, attempt, error)
-                if retry_at is None:
-                    raise ToolError(call_id, type(error).__name__,
-                                    _error_text(run, error, self.secrets_used)) from error
-                attempt += 1
-                await _wait_until(run, call_id, attempt, retry_at, spec.retry)
-                await run.append([self._intent(call_id, key, attempt)], redacted=True)
-                continue
-            finally:
-                _current_call.reset(token)
-            recorded = await self._record_result(call_id, attempt, result)
-            failpoints.hit("after_result_commit")
-            return recorded
+                failure: Exception = error
+                verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
+            else:
+                await self._ensure_lease(call_id, attempt)
+                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
+                try:
+                    result = await call_function(spec.function, argument, spec.timeout_s,
+                                                 run.executor)
+                    failpoints.hit("after_effect_before_result")
+                except Exception as error:
+                    failure = error
+                    verdict = classify_failure(error, spec.retry, attempt,
+                                               repeat_safe=spec.idempotent)
+                    if verdict is Disposition.IN_DOUBT:
+                        found, value = await self._resolve_doubt(call_id, key, attempt, error)
+                        if found:
+                            return value
+                        verdict = value
+                else:
+                    recorded = await self._record_result(call_id, attempt, result)
+                    failpoints.hit("after_result_commit")
+                    return recorded
+                finally:
+                    _current_call.reset(tokens[0])
+                    _lease_check.reset(tokens[1])
+            retry_at = await self._record_failure(call_id, attempt, failure, verdict)
+            if retry_at is None:
+                raise ToolError(call_id, type(failure).__name__,
+                                _error_text(run, failure, self.secrets_used)) from failure
+            _stop_unless_leased(run, failure)
+            attempt += 1
+            await _wait_until(run, call_id, attempt, retry_at, spec.retry)
+            await run.append([self._intent(call_id, key, attempt)], redacted=True)
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
 
-    async def _record_failure(self, call_id: str, attempt: int,
-                              error: Exception) -> int | None:
+    async def _ensure_lease(self, call_id: str, attempt: int) -> None:
+        """Start no effect on a lease this worker can no longer trust: record the attempt as
+        not started (the next owner retries it instead of escalating it) and stop."""
+        run = self.run
+        if run.lease_trusted():
+            return
+        run.log.warning("effect_not_started", call_id=call_id, reason="lease_untrusted")
+        await run.append([ev.ToolCallFailed(
+            call_id=call_id, attempt=attempt, error_type=LeaseExpired.__name__,
+            error="the lease could not be trusted when the attempt was due: it did not start",
+            retryable=True, retry_at_ms=_now_ms())])
+        run.fence("lease expired by the worker's own clock before an effect")
+        raise Fenced
+
+    async def _record_failure(self, call_id: str, attempt: int, error: Exception,
+                              verdict: Disposition) -> int | None:
         run, policy = self.run, self.spec.retry
-        retryable = should_retry(policy, attempt, error)
+        retryable = verdict is Disposition.RETRY
         retry_at = None
         if retryable:
             delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
@@ -190,6 +240,38 @@ class ToolCaller:
                  retryable=retryable, error_type=type(error).__name__)
         metrics.call_failed("tool", retryable)
         return retry_at
+
+    async def _resolve_doubt(self, call_id: str, key: str, attempt: int,
+                             error: Exception) -> tuple[bool, Any]:
+        """An attempt of a call not safe to repeat failed ambiguously: ``(True, result)``
+        if its ``lookup`` found what it did, ``(False, disposition)`` if the lookup says
+        it never acted; escalated otherwise (which unwinds or returns the reconciled
+        result as ``(True, result)``)."""
+        spec = self.spec
+        # A sync call that timed out may still be running in its thread: a lookup now
+        # could say "not acted" a moment before it acts. Only escalation is safe then.
+        running = isinstance(error, CallTimedOut) and error.still_running()
+        if spec.lookup is not None and not running:
+            looked_up, found = await self._look_up(call_id, key)
+            if looked_up and found is not None:
+                return True, await self._record_result(call_id, attempt, found)
+            if looked_up:
+                transient = is_transient(error, spec.retry)
+                more = attempt < spec.retry.max_attempts
+                return False, Disposition.RETRY if transient and more else Disposition.FAIL
+        reason = _doubt_reason(error)
+        return True, await self._escalate(call_id, attempt, reason, error)
+
+    async def _look_up(self, call_id: str, key: str) -> tuple[bool, Any]:
+        """Ask the callee what it recorded under ``key``: ``(True, result or None)``, or
+        ``(False, None)`` if the lookup itself failed (then the call stays in doubt)."""
+        assert self.spec.lookup is not None
+        try:
+            return True, await self.spec.lookup(key)
+        except Exception as error:
+            self.run.log.warning("lookup_failed", call_id=call_id,
+                                 error=self.run.redact_text(repr(error)))
+            return False, None
 
     async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
         """Record the result; return it as recorded (redacted), as a replay would."""
@@ -210,21 +292,35 @@ class ToolCaller:
         assert key is not None
         if outcome.escalated:
             return await self._reconcile(outcome.call_id, outcome.attempt)
+        looked_up = False
         if spec.lookup is not None:
-            found = await spec.lookup(key)
-            if found is not None:
+            looked_up, found = await self._look_up(outcome.call_id, key)
+            if looked_up and found is not None:
                 return await self._record_result(outcome.call_id, outcome.attempt, found)
         # Idempotent: the key makes another delivery safe. With a lookup that found nothing
         # under the key, the callee never acted: sending now is the first delivery.
-        if spec.idempotent or spec.lookup is not None:
+        if spec.idempotent or looked_up:
             log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
             metrics.call_retried("tool", "in_doubt")
             return await self._attempts(outcome.call_id, key, outcome.attempt)
-        await run.append([ev.ToolCallUncertain(call_id=outcome.call_id,
-                                               policy=spec.on_uncertain)])
-        log.warning("call_uncertain", task_id=run.task_id, call_id=outcome.call_id,
-                    policy=spec.on_uncertain)
-        return await self._reconcile(outcome.call_id, outcome.attempt)
+        return await self._escalate(outcome.call_id, outcome.attempt, "interrupted", None)
+
+    async def _escalate(self, call_id: str, attempt: int, reason: str,
+                        error: Exception | None) -> Any:
+        """Record the call as uncertain, with when a human may reconcile it, and hand it to
+        ``on_uncertain``. Until ``not_before_ms`` the previous attempt may still act (its
+        thread, or a stopped worker continued), so ``engine.reconcile`` refuses before it."""
+        run, spec = self.run, self.spec
+        grace_ms = max(round((spec.timeout_s or 0) * 1000), run.lease_ttl_ms)
+        text = None if error is None else _error_text(run, error, self.secrets_used)
+        await run.append([ev.ToolCallUncertain(
+            call_id=call_id, policy=spec.on_uncertain, reason=reason,
+            error_type=None if error is None else type(error).__name__, error=text,
+            not_before_ms=_now_ms() + grace_ms)])
+        log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
+                    policy=spec.on_uncertain, reason=reason)
+        metrics.call_escalated("tool", reason)
+        return await self._reconcile(call_id, attempt)
 
     async def _reconcile(self, call_id: str, attempt: int) -> Any:
         """An escalated call: fail the task, or wait for a human's reconciliation signal."""
@@ -279,6 +375,23 @@ class ToolCaller:
 
 
 _none: Final = object()
+
+
+def _doubt_reason(error: BaseException) -> str:
+    """Why an attempt is in doubt, as ``tool_call_uncertain`` records it."""
+    if isinstance(error, TimeoutError):
+        return "timed_out"
+    if isinstance(error, ConnectionError):
+        return "connection_lost"
+    return "error_after_start"
+
+
+def _stop_unless_leased(run: TaskRun, error: BaseException) -> None:
+    """After a failure recorded as retryable: make no further attempt on a lease this
+    worker cannot trust (the next owner makes it, under the same key)."""
+    if isinstance(error, LeaseExpired) or not run.lease_trusted():
+        run.fence("lease expired by the worker's own clock")
+        raise Fenced
 
 
 def _received_signals(run: TaskRun, name: str) -> list[Any]:
@@ -341,32 +454,42 @@ class LlmCaller:
             idempotency_key=key, attempt=attempt)])
 
     async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
+        """Attempts until a response is recorded: every failure the policy calls transient
+        (a timeout included) is retried under the same key, since a repeat costs tokens
+        only; the recorded response wins."""
         run = self.run
         for _ in range(attempts_max):
-            token = _current_call.set(_claim(run, key))
             try:
                 self.secrets_used = secrets_in(run.redactor, self.request)
                 request, resolved = await resolve_secret_refs(self.request, run.engine.secrets)
                 self.secrets_used += resolved
-                raw = await call_function(self.function, request, self.timeout_s)
+                if not run.lease_trusted():
+                    raise LeaseExpired("the lease could not be trusted when the call was due")
+                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
+                try:
+                    raw = await call_function(self.function, request, self.timeout_s,
+                                              run.executor)
+                finally:
+                    _current_call.reset(tokens[0])
+                    _lease_check.reset(tokens[1])
             except Exception as error:
-                retryable = should_retry(self.retry, attempt, error)
+                verdict = classify_failure(error, self.retry, attempt, repeat_safe=True)
                 retry_at = (_now_ms() + round(1000 * backoff_delay_s(
-                    self.retry, run.task_id, run.head_seq, attempt))) if retryable else None
+                    self.retry, run.task_id, run.head_seq, attempt))
+                    if verdict is Disposition.RETRY else None)
                 text = _error_text(run, error, self.secrets_used)
                 await run.append([ev.LlmCallFailed(
                     call_id=call_id, attempt=attempt, error=text,
-                    error_type=type(error).__name__, retryable=retryable,
+                    error_type=type(error).__name__, retryable=retry_at is not None,
                     retry_at_ms=retry_at)])
-                metrics.call_failed("llm", retryable)
+                metrics.call_failed("llm", retry_at is not None)
                 if retry_at is None:
                     raise ToolError(call_id, type(error).__name__, text) from error
+                _stop_unless_leased(run, error)
                 attempt += 1
                 await _wait_until(run, call_id, attempt, retry_at, self.retry)
                 await self._intend(call_id, key, attempt)
                 continue
-            finally:
-                _current_call.reset(token)
             return await self._record(call_id, attempt, _as_response(raw))
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
 

@@ -11,7 +11,9 @@ their kind, so a re-run never writes them twice.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
+import functools
 import inspect
 import random as random_module
 import time
@@ -28,7 +30,7 @@ from wal_engine import failpoints
 from wal_engine.errors import WalError
 from wal_engine.idempotency import Claim
 from wal_engine.payloads import decode_payload
-from wal_engine.retries import DEFAULT_POLICY, RetryPolicy
+from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
 from wal_engine.runtime import INTERNAL_PREFIX, Suspended
 from wal_engine.store import queries
 
@@ -40,6 +42,23 @@ UncertainPolicy = Literal["fail", "wait"]
 _current_call: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
     "wal_engine_current_call", default=None
 )
+_lease_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "wal_engine_lease_check", default=None
+)
+
+
+class CallTimedOut(TimeoutError):
+    """An attempt ran past its ``timeout_s``. For a sync function its thread cannot be
+    stopped and may still act: :meth:`still_running` says whether it does."""
+
+    def __init__(self, timeout_s: float, thread: concurrent.futures.Future[Any] | None) -> None:
+        super().__init__(f"the call did not return within {timeout_s} s")
+        self.timeout_s = timeout_s
+        self.thread = thread
+
+    def still_running(self) -> bool:
+        """Whether the timed-out call's thread is still running it."""
+        return self.thread is not None and not self.thread.done()
 
 
 class ToolError(WalError):
@@ -66,8 +85,28 @@ class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def current_call() -> Claim | None:
-    """The call in flight in this coroutine (its idempotency key and fencing epoch)."""
+    """The call in flight in this coroutine or thread (its idempotency key and fencing
+    epoch)."""
     return _current_call.get()
+
+
+def lease_valid() -> bool:
+    """Inside a tool: whether the worker can still trust its lease of the task, by its own
+    clock and without a round trip (True outside a call)."""
+    check = _lease_check.get()
+    return True if check is None else check()
+
+
+def ensure_lease() -> None:
+    """Inside a tool, right before its irreversible part: raise :class:`LeaseExpired` (a
+    "did not act" error: the task's next owner makes the call, under the same key) if the
+    worker can no longer trust its lease. A worker that was stopped (SIGSTOP, a VM pause)
+    and continued finds its lease expired here. Only the callee refusing stale epochs
+    (``ctx.epoch``) closes the gap of a worker stopped after this check."""
+    if not lease_valid():
+        claim = _current_call.get()
+        key = "?" if claim is None else claim.key
+        raise LeaseExpired(f"the lease of the call {key} can no longer be trusted")
 
 
 class AgentContext:
@@ -115,6 +154,16 @@ class AgentContext:
         """The call in flight as a gateway claim (key, owner, epoch)."""
         return _current_call.get()
 
+    def lease_valid(self) -> bool:
+        """Whether this worker can still trust its lease, by its own clock (no round trip)."""
+        return self._run.lease_trusted()
+
+    def ensure_lease(self) -> None:
+        """Raise :class:`~wal_engine.retries.LeaseExpired` unless :meth:`lease_valid`: call
+        it in a tool right before the part that must not happen twice."""
+        if not self._run.lease_trusted():
+            raise LeaseExpired(f"the lease of task {self._run.task_id} can no longer be trusted")
+
     # ------------------------------------------------------------------ external calls
 
     async def tool(
@@ -135,12 +184,17 @@ class AgentContext:
         Args:
             name: The tool's stable name (matched on replay).
             function: Sync or async callable taking ``args``; inside it
-                ``ctx.idempotency_key`` is the key to hand to the callee.
+                ``ctx.idempotency_key`` is the key to hand to the callee. A plain ``def``
+                runs on the worker's thread pool, never on its event loop.
             args: Plain JSON arguments (matched on replay by a hash of their encoding).
-            idempotent: Whether a retry with the same key is safe. A non-idempotent call in
-                doubt after a crash is escalated per ``on_uncertain``, never re-run.
+            idempotent: Whether a retry with the same key is safe. A non-idempotent call is
+                retried only after an error that says it did not act
+                (:class:`~wal_engine.retries.DidNotAct`); any other failure, a timeout
+                included, leaves it in doubt: its ``lookup`` is asked, else it is
+                escalated per ``on_uncertain``, never re-run.
             retry: Attempts, backoff and which errors are transient.
-            timeout_s: Per-attempt timeout (a timeout is a transient failure).
+            timeout_s: Per-attempt timeout, for sync functions too (their thread may still
+                act after it: a timeout is transient only for an idempotent tool).
             approval: Wait for a human approval of this exact call before acting.
             on_uncertain: ``"fail"`` the task, or ``"wait"`` for a reconciliation signal.
             lookup: For an in-doubt call: ``await lookup(key)`` returns the callee's recorded
@@ -380,11 +434,57 @@ async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:
     return True, received.payload
 
 
+def _is_async(function: Callable[[Any], Any]) -> bool:
+    """Whether calling ``function`` returns a coroutine without running anything first."""
+    target = function.func if isinstance(function, functools.partial) else function
+    # An object whose __call__ is async (a class-based tool) is async too. B004 is about
+    # testing callability, which is not what this asks.
+    call = getattr(target, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
+
+
 async def call_function(function: Callable[[Any], Any], argument: Any,
-                        timeout_s: float | None) -> Any:
-    """Call a sync or async user function with an optional timeout."""
+                        timeout_s: float | None,
+                        executor: concurrent.futures.Executor | None) -> Any:
+    """Call a user function with an optional timeout: an async one on the loop, a sync one
+    on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
+    the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
+
+    Raises:
+        CallTimedOut: past ``timeout_s``.
+    """
     failpoints.hit("during_effect")
-    result = function(argument)
-    if inspect.isawaitable(result):
-        return await asyncio.wait_for(result, timeout_s) if timeout_s else await result
+    if executor is None or _is_async(function):
+        result = function(argument)
+        if not inspect.isawaitable(result):
+            return result
+        if not timeout_s:
+            return await result
+        try:
+            return await asyncio.wait_for(result, timeout_s)
+        except TimeoutError as error:
+            raise CallTimedOut(timeout_s, None) from error
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(executor, contextvars.copy_context().run, function, argument)
+    try:
+        result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
+    except TimeoutError as error:
+        raise CallTimedOut(timeout_s or 0.0, _thread_future(thread)) from error
+    if inspect.isawaitable(result):  # A sync function that returned a coroutine.
+        return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
     return result
+
+
+def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any]:
+    """A thread-safe view of whether the executor's work is done."""
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def finished(future: asyncio.Future[Any]) -> None:
+        # Retrieve the late outcome, so that asyncio does not report it as never retrieved:
+        # the attempt was already recorded as timed out.
+        if not future.cancelled():
+            future.exception()
+        done.set_result(None)
+
+    thread.add_done_callback(finished)
+    return done

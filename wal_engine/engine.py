@@ -12,9 +12,10 @@ import asyncpg
 import msgspec
 import structlog
 
+from replay.state import CallStatus
 from wal_engine import limits
-from wal_engine.errors import ConfigurationError, InvalidInput
-from wal_engine.events import Budget
+from wal_engine.errors import ConfigurationError, InvalidInput, ReconcileRefused
+from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.group_commit import GroupCommitter
 from wal_engine.idempotency import IdempotencyGateway
 from wal_engine.ids import TaskId, new_task_id, validate_task_id
@@ -178,10 +179,43 @@ class Engine:
         return await self.signal(task_id, f"~approval:{call_id}", payload)
 
     async def reconcile(self, task_id: str, call_id: str, *, result: Any = None,
-                        error: str | None = None) -> int:
-        """Tell a task what an escalated (uncertain) call really did: its result or error."""
+                        error: str | None = None, force: bool = False) -> int:
+        """Tell a task what an escalated (uncertain) call really did: its result or error.
+
+        Refused (:class:`~wal_engine.errors.ReconcileRefused`) unless the call is escalated
+        and its task waits for the answer, and, without ``force``, before the call's
+        ``not_before_ms``: until then the worker that made the attempt (its thread still
+        running, or a stopped process continued) may still act, and a human doing the
+        effect by hand would make it twice. Pass ``force=True`` once you know that worker
+        is gone (you stopped its process or its host).
+        """
+        await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}
         return await self.signal(task_id, f"~reconcile:{call_id}", payload)
+
+    async def _reconcilable(self, task_id: str, call_id: str, force: bool) -> None:
+        """Raise ReconcileRefused unless ``call_id`` may be reconciled now."""
+        state = await self.state(task_id)
+        record = state.calls.get(call_id)
+        if record is None or record.status is not CallStatus.UNCERTAIN:
+            raise ReconcileRefused(task_id, call_id, "it is not an escalated (uncertain) call")
+        if state.status in TERMINAL:
+            raise ReconcileRefused(task_id, call_id, f"the task is {state.status.value}")
+        if force or record.outcome_seq is None:
+            return
+        rows = await self.store.read_events(task_id, from_seq=record.outcome_seq,
+                                            to_seq=record.outcome_seq, limit=1)
+        event = rows[0].decode() if rows else None
+        not_before = event.not_before_ms if isinstance(event, ToolCallUncertain) else None
+        if not_before is None:
+            return
+        row = await self.database.fetchrow(queries.DATABASE_NOW_MS, task_id=task_id)
+        now = int(row["now_ms"])
+        if now < not_before:
+            raise ReconcileRefused(
+                task_id, call_id, f"the attempt may still act for {(not_before - now) / 1000:.1f}"
+                " s more (its worker's grace period); pass force=True if that worker is gone",
+                not_before_ms=not_before)
 
     async def cancel(self, task_id: str, *, reason: str = "cancelled",
                      requested_by: str | None = None) -> bool:

@@ -134,6 +134,17 @@ class LeaseLost(WalError):
         self.current_epoch = current_epoch
 
 
+class ReconcileRefused(InvalidInput):
+    """A call cannot be reconciled: it is not escalated and waiting, or too early."""
+
+    def __init__(self, task_id: str, call_id: str, why: str,
+                 not_before_ms: int | None = None) -> None:
+        super().__init__(f"call {call_id!r} of task {task_id!r} cannot be reconciled: {why}")
+        self.task_id = task_id
+        self.call_id = call_id
+        self.not_before_ms = not_before_ms
+
+
 class ConcurrencyConflict(WalError):
     """The append expected a head seq that is no longer the head (another append won)."""
 

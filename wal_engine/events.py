@@ -195,10 +195,20 @@ class ToolCallFailed(Event, tag="tool_call_failed", frozen=True, kw_only=True):
 
 
 class ToolCallUncertain(Event, tag="tool_call_uncertain", frozen=True, kw_only=True):
-    """A non-idempotent call was in doubt after a crash; it is escalated, never re-run."""
+    """A call not safe to repeat is in doubt; it is escalated, never re-run.
+
+    ``reason``: ``interrupted`` (the run that made the attempt ended before its outcome),
+    ``timed_out``, ``connection_lost`` or ``error_after_start`` (the attempt failed with
+    an error that does not say it did not act: ``error_type`` and ``error``). Until
+    ``not_before_ms`` (epoch ms) the attempt may still act, so it is not reconciled before.
+    """
 
     call_id: str
     policy: str
+    reason: str = "interrupted"
+    error_type: str | None = None
+    error: str | None = None
+    not_before_ms: int | None = None
 
 
 class LlmCallIntended(Event, tag="llm_call_intended", frozen=True, kw_only=True):

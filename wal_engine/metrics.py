@@ -133,6 +133,14 @@ class Instruments:
         self.call_retries = Counter(
             "wal_engine_call_retries", "Tool and LLM attempts retried.", ["kind", "reason"],
             registry=target)
+        self.call_escalations = Counter(
+            "wal_engine_call_escalations",
+            "Calls not safe to repeat left in doubt and escalated.", ["kind", "reason"],
+            registry=target)
+        self.loop_stalls = Counter(
+            "wal_engine_event_loop_stalls",
+            "Times a worker's event loop did not answer its watchdog in time.",
+            registry=target)
         self.budget_trips = Counter(
             "wal_engine_budget_trips", "Tasks failed by a budget.", ["budget"], registry=target)
         self.effects_deduplicated = Counter(
@@ -203,6 +211,18 @@ def call_retried(kind: str, reason: str) -> None:
     """A ``kind`` (tool, llm) call is attempted again; ``reason``: failure or in_doubt."""
     if _instruments is not None:
         _instruments.call_retries.labels(kind, reason).inc()
+
+
+def call_escalated(kind: str, reason: str) -> None:
+    """A ``kind`` call was left in doubt and escalated (``reason``: timed_out, ...)."""
+    if _instruments is not None:
+        _instruments.call_escalations.labels(kind, reason).inc()
+
+
+def loop_stalled() -> None:
+    """A worker's event loop did not answer its watchdog within the warning threshold."""
+    if _instruments is not None:
+        _instruments.loop_stalls.inc()
 
 
 def call_failed(kind: str, retryable: bool) -> None:

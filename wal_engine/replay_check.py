@@ -40,6 +40,7 @@ from wal_engine.errors import ConfigurationError, InvalidPayload
 from wal_engine.runtime import TaskRun, error_text_max, is_internal
 from wal_engine.state_machine import Status
 from wal_engine.store import Store
+from wal_engine.worker import WorkerConfig
 
 if TYPE_CHECKING:
     from wal_engine.context import AgentContext
@@ -166,9 +167,14 @@ class _ReplayJournal(Journal):
 
 
 class _ReplayWorker:
-    """Stands in for the worker: only its id is read."""
+    """Stands in for the worker: a replay holds no lease and runs nothing."""
 
     worker_id = "replay"
+    executor = None
+    config = WorkerConfig()
+
+    def lease_valid(self, task_id: str, epoch: int) -> bool:
+        return False  # A replay never acts; were it to try, it would start no effect.
 
 
 class _NoEngine:

@@ -1,4 +1,9 @@
-"""Retry policy (pure): exponential backoff with full jitter derived from the history.
+"""Retry policy (pure): which failures are retried, and exponential backoff with full jitter.
+
+:func:`classify_failure` is the one table that decides, for each kind of call and each way
+an attempt can fail, whether it is retried under the same key, recorded as a failure, or in
+doubt (the callee may have acted: ask its ``lookup``, else escalate per ``on_uncertain``).
+A call that is not safe to repeat is retried only on an error that says it did not act.
 
 The jitter is a hash of (task id, intent seq, attempt), not a random draw, so a replay of
 the log computes exactly the delays that were recorded and two tasks failing together do
@@ -8,6 +13,7 @@ releases its lease and sleeps in the database), never a coroutine sleeping on a 
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from typing import Final
 
@@ -19,7 +25,38 @@ class TransientError(Exception):
 
 
 class PermanentError(Exception):
-    """Raise from a tool to say: retrying cannot help; fail the call at once."""
+    """Raise from a tool to say: the call failed for good, and nothing more will happen.
+
+    The failure is recorded and agent code gets a ``ToolError``; the call is not in doubt,
+    so raise it from a non-idempotent tool only when the effect did not and will not happen
+    (a declined payment, a validation error answered by the service).
+    """
+
+
+class DidNotAct(Exception):
+    """Raise from a tool to say: this attempt did not act (nothing reached the service).
+
+    The only failure after which a non-idempotent tool is tried again (under the same key,
+    within its policy): every other failure of such a tool is in doubt and escalates.
+    """
+
+
+class LeaseExpired(DidNotAct):
+    """The worker can no longer trust its lease (by its own clock), so the attempt did not
+    act: raised by :func:`wal_engine.context.ensure_lease` inside a tool, right before its
+    irreversible part, and recorded by the engine when an attempt was due on such a lease.
+    The call is then made by the task's next owner, under the same key."""
+
+
+class Disposition(enum.StrEnum):
+    """What follows a failed attempt (see :func:`classify_failure`)."""
+
+    RETRY = "retry"
+    """Another attempt under the same idempotency key, after the backoff."""
+    FAIL = "fail"
+    """Recorded as the call's failure; agent code gets a ``ToolError``."""
+    IN_DOUBT = "in_doubt"
+    """The callee may have acted: ask its ``lookup`` if it has one, else escalate."""
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,7 +69,11 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         max_delay_s: Largest cap.
         durable_after_s: Delays longer than this become durable timers.
         retry_on: Names of exception classes (their ``__name__``) treated as transient in
-            addition to :class:`TransientError`, ``TimeoutError`` and ``ConnectionError``.
+            addition to :class:`TransientError`, ``TimeoutError`` and ``ConnectionError``
+            (for calls that are safe to repeat).
+        did_not_act_on: Names of exception classes that say the attempt did not act, in
+            addition to :class:`DidNotAct` (for example a client library's "connection
+            refused" error): such a failure is retried for every kind of call.
     """
 
     max_attempts: int = 3
@@ -41,6 +82,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_delay_s: float = 60.0
     durable_after_s: float = 5.0
     retry_on: tuple[str, ...] = ()
+    did_not_act_on: tuple[str, ...] = ()
 
 
 NO_RETRY: Final = RetryPolicy(max_attempts=1)
@@ -55,7 +97,36 @@ def is_transient(error: BaseException, policy: RetryPolicy) -> bool:
         return False
     if isinstance(error, _transient_builtin):
         return True
-    return any(cls.__name__ in policy.retry_on for cls in type(error).__mro__)
+    return _named(error, policy.retry_on)
+
+
+def _named(error: BaseException, names: tuple[str, ...]) -> bool:
+    return bool(names) and any(cls.__name__ in names for cls in type(error).__mro__)
+
+
+def did_not_act(error: BaseException, policy: RetryPolicy) -> bool:
+    """Whether ``error`` says the attempt did not act (:class:`DidNotAct` or a class the
+    policy names in ``did_not_act_on``)."""
+    return isinstance(error, DidNotAct) or _named(error, policy.did_not_act_on)
+
+
+def classify_failure(error: BaseException, policy: RetryPolicy, attempt: int, *,
+                     repeat_safe: bool) -> Disposition:
+    """What follows attempt number ``attempt`` of a call that raised ``error``.
+
+    ``repeat_safe`` is true for an idempotent tool and an LLM call (another delivery under
+    the same key is safe); false for a non-idempotent tool, whose every failure but a
+    declared "did not act" (or a declared permanent failure) is in doubt. A timeout is a
+    ``TimeoutError``: transient for a call safe to repeat, in doubt for the others.
+    """
+    more = attempt < policy.max_attempts
+    if did_not_act(error, policy):
+        return Disposition.RETRY if more else Disposition.FAIL
+    if isinstance(error, PermanentError):
+        return Disposition.FAIL
+    if not repeat_safe:
+        return Disposition.IN_DOUBT
+    return Disposition.RETRY if more and is_transient(error, policy) else Disposition.FAIL
 
 
 def jitter_fraction(task_id: str, seq: int, attempt: int) -> float:

@@ -18,6 +18,7 @@ import datetime as dt
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
@@ -250,6 +251,22 @@ class TaskRun:
         """Raise unless the run may issue another command."""
         if self.fenced_reason is not None:
             raise Fenced
+
+    def lease_trusted(self) -> bool:
+        """Whether the worker can still trust this run's lease by its own monotonic clock
+        (the last renewal plus the TTL less a margin): checked, without a round trip,
+        before every effect. Thread-safe (tools call it from their thread)."""
+        return self.fenced_reason is None and self.worker.lease_valid(self.task_id, self.epoch)
+
+    @property
+    def executor(self) -> Executor | None:
+        """The worker's thread pool for sync tools and LLM functions."""
+        return self.worker.executor
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        """The lease TTL of the worker running this task."""
+        return self.worker.config.lease_ttl_ms
 
     def redact(self, value: Any) -> Any:
         """``value`` as the log will record it (the engine's redactor)."""

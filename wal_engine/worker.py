@@ -1,13 +1,15 @@
 """Workers: claim due tasks, keep their leases, break dead workers' leases, shut down gently.
 
-A worker runs four loops under one owner that cancels them at shutdown:
+A worker runs three loops under one owner that cancels them at shutdown, and a lease
+keeper on a thread of its own (:mod:`wal_engine.leases`):
 
 * claim: one ``FOR UPDATE SKIP LOCKED`` statement per batch takes QUEUED, RESUMING and due
   WAITING tasks, bumping each lease epoch (the fencing token); woken by LISTEN/NOTIFY, a
   finished task run, or the poll interval as the fallback;
-* heartbeat: on its own connection (so a busy pool cannot starve it, RELIABILITY.md D11),
-  one statement renews every lease the worker holds, each fenced by its epoch; a task
-  missing from the answer was lost and its run is stopped at once;
+* heartbeat (the lease keeper's thread): on its own connection (so a busy pool cannot
+  starve it, RELIABILITY.md D11) and its own event loop (so a blocked worker loop cannot
+  stop it), one statement renews every lease the worker holds, each fenced by its epoch;
+  a task missing from the answer was lost and its run is stopped at once;
 * sweep: breaks leases not renewed in time (database clock): the task becomes RESUMING with
   a ``task_orphaned`` event and a NOTIFY. It sleeps until the earliest lease expiry, so a
   dead worker's task is picked up within milliseconds of its lease running out;
@@ -15,6 +17,9 @@ A worker runs four loops under one owner that cancels them at shutdown:
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
 durable point, hands it back (RESUMING), and returns.
+
+Plain ``def`` tools and LLM functions run on the worker's thread pool (``sync_threads``
+threads), never on its event loop; the pool is shut down with the worker.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import contextlib
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
@@ -35,6 +42,7 @@ import structlog
 from wal_engine import failpoints, metrics
 from wal_engine.errors import DatabaseUnavailable
 from wal_engine.failpoints import SimulatedCrash
+from wal_engine.leases import LeaseKeeper
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
 
@@ -64,6 +72,13 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
         poll_ms: Fallback claim interval when no NOTIFY arrives.
         sweep_ms: Longest wait between two sweeps for expired leases.
         drain_timeout_s: How long a graceful stop waits for runs to reach a durable point.
+        sync_threads: Threads that run plain ``def`` tools and LLM functions (0: the
+            concurrency plus 4). A sync call that timed out keeps its thread until it
+            returns, so the pool bounds how many of them can pile up.
+        stall_warn_ms: An event loop that does not answer the watchdog for this long is
+            logged as stalled, with the code it is stuck in.
+        stall_abandon_ms: An event loop stalled this long is presumed wedged: the worker
+            stops renewing its leases, so other workers take its tasks over.
     """
 
     concurrency: int = 8
@@ -72,10 +87,18 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     poll_ms: int = 1_000
     sweep_ms: int = 5_000
     drain_timeout_s: float = 30.0
+    sync_threads: int = 0
+    stall_warn_ms: int = 1_000
+    stall_abandon_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.sync_threads < 0:
+            raise ValueError("sync_threads must be at least 0")
+        if self.stall_warn_ms < 1 or self.stall_abandon_ms < self.lease_ttl_ms:
+            raise ValueError("stall_warn_ms must be positive and stall_abandon_ms at least "
+                             "lease_ttl_ms")
         if self.heartbeat_ms * 3 > self.lease_ttl_ms:
             raise ValueError("heartbeat_ms must be at most lease_ttl_ms / 3 (RELIABILITY.md R6)")
 
@@ -100,6 +123,14 @@ class Worker:
         self._run_tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(worker_id=self.worker_id)
         self.claimed = 0
+        self.keeper = LeaseKeeper(
+            dsn=engine.database.dsn,
+            session_settings=engine.database.session_settings(
+                f"wal-engine:{self.worker_id}:heartbeat"),
+            lease_ttl_ms=config.lease_ttl_ms, heartbeat_ms=config.heartbeat_ms,
+            stall_warn_ms=config.stall_warn_ms, stall_abandon_ms=config.stall_abandon_ms,
+            on_lost=self._lease_lost, worker_id=self.worker_id)
+        self.executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,8 +151,11 @@ class Worker:
         if install_signal_handlers:
             loop.add_signal_handler(signal.SIGTERM, self.stop)
             loop.add_signal_handler(signal.SIGINT, self.stop)
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.config.sync_threads or self.config.concurrency + 4,
+            thread_name_prefix=f"wal-engine-sync-{self.worker_id}")
+        self.keeper.start()
         loops = [
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._listen_loop(), name="listen"),
         ]
@@ -133,6 +167,11 @@ class Worker:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.to_thread(self.keeper.stop)
+            # Threads of sync calls still running (timed out, their task handed back) are
+            # not waited for: they cannot be interrupted, and their calls are in doubt in
+            # the log, where the next owner handles them.
+            self.executor.shutdown(wait=False, cancel_futures=True)
             if install_signal_handlers:
                 loop.remove_signal_handler(signal.SIGTERM)
                 loop.remove_signal_handler(signal.SIGINT)
@@ -169,11 +208,13 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), poll_s)
 
     async def _claim(self, free: int) -> int:
+        sent_at = time.monotonic()
         rows = await self.engine.database.fetch(
             queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
             sorted(self.engine.agents),
         )
         for row in rows:
+            self.keeper.hold(row["task_id"], row["lease_epoch"], sent_at)
             self._start_run(row)
         self.claimed += len(rows)
         metrics.tasks_claimed(len(rows))
@@ -201,6 +242,7 @@ class Worker:
             run.log.exception("task_run_crashed")
         finally:
             self.runs.pop(run.task_id, None)
+            self.keeper.drop(run.task_id)
             self._wake.set()
 
     async def _guarded(self, work: Awaitable[int]) -> int:
@@ -214,23 +256,15 @@ class Worker:
 
     # ------------------------------------------------------------------ leases
 
-    async def _heartbeat_loop(self) -> None:
-        interval_s = self.config.heartbeat_ms / 1000
-        await self._with_connection("heartbeat", interval_s, self._renew)
+    def _lease_lost(self, task_id: str, epoch: int) -> None:
+        """The keeper found the lease of ``task_id`` at ``epoch`` taken over."""
+        run = self.runs.get(task_id)
+        if run is not None and run.leased and run.epoch == epoch:
+            run.fence("lease not renewed: another worker owns the task")
 
-    async def _renew(self, connection: asyncpg.Connection) -> None:
-        held = {task_id: run.epoch for task_id, run in self.runs.items() if run.leased}
-        if not held:
-            return
-        failpoints.hit("during_heartbeat")
-        rows = await connection.fetch(
-            queries.RENEW_LEASES, list(held), list(held.values()), self.config.lease_ttl_ms
-        )
-        renewed = {row["task_id"] for row in rows}
-        for task_id in held.keys() - renewed:
-            run = self.runs.get(task_id)
-            if run is not None and run.leased:
-                run.fence("lease not renewed: another worker owns the task")
+    def lease_valid(self, task_id: str, epoch: int) -> bool:
+        """Whether this worker may still trust its lease (its own clock, no round trip)."""
+        return self.keeper.valid(task_id, epoch)
 
     async def _sweep_loop(self) -> None:
         await self._with_connection("sweep", None, self._sweep)

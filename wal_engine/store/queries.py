@@ -303,6 +303,8 @@ SELECT signal_id, name, payload, sent_at FROM wal_signals
 
 DATABASE_NOW: Final = "SELECT now() AS now"
 
+DATABASE_NOW_MS: Final = "SELECT (extract(epoch FROM now()) * 1000)::int8 AS now_ms"
+
 NEXT_WAKE: Final = """
 SELECT min(wake_at) AS wake_at FROM wal_tasks
  WHERE tenant = current_setting('wal.tenant', true) AND status = 'WAITING' AND wake_at IS NOT NULL
