@@ -28,6 +28,11 @@ _lazy = {
     "RetryPolicy": "wal_engine.retries",
     "TransientError": "wal_engine.retries",
     "PermanentError": "wal_engine.retries",
+    "DidNotAct": "wal_engine.retries",
+    "LeaseExpired": "wal_engine.retries",
+    "ensure_lease": "wal_engine.context",
+    "lease_valid": "wal_engine.context",
+    "current_call": "wal_engine.context",
     "WalError": "wal_engine.errors",
     "secret_ref": "wal_engine.redaction",
 }

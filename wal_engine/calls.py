@@ -42,8 +42,15 @@ from wal_engine.context import (
     call_function,
     wait_signal,
 )
-from wal_engine.errors import InvalidPayload
-from wal_engine.idempotency import Claim
+from wal_engine.errors import (
+    AmbiguousCommit,
+    ConcurrencyConflict,
+    DatabaseUnavailable,
+    InvalidPayload,
+    LeaseLost,
+    UnknownTask,
+)
+from wal_engine.idempotency import Claim, StaleEpoch
 from wal_engine.ids import idempotency_key
 from wal_engine.redaction import redact_event, resolve_secret_refs, scrub_values, secrets_in
 from wal_engine.retries import (
@@ -56,6 +63,7 @@ from wal_engine.retries import (
 )
 from wal_engine.runtime import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.state_machine import Status
+from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
     from wal_engine.runtime import TaskRun
@@ -523,21 +531,59 @@ def _as_response(raw: Any) -> LlmResponse:
 
 
 async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
-                          function: Callable[[Any, Any], Any], args: Any, hashed: str) -> Any:
+                          function: Callable[[Any, Any], Any], args: Any, hashed: str,
+                          policy: RetryPolicy) -> Any:
     """A DB-local effect: the effect, its dedup row and the result event in one transaction.
 
-    An in-doubt transaction call never committed (the result event would be in the log
-    otherwise), so it is simply run again under the same key.
+    A failed attempt rolled back whole, so it did not act: a transient failure is retried
+    under the same key, any other is recorded and raised as a ``ToolError``. An in-doubt
+    transaction call never committed (the result event would be in the log otherwise), so
+    it is simply run again under the same key.
     """
     key: str
     if isinstance(outcome, Fresh):
-        call_id = outcome.call_id
+        call_id, attempt = outcome.call_id, 1
         key = idempotency_key(run.task_id, _intent_seq(run))
         await run.append([ev.ToolCallIntended(call_id=call_id, tool=name, args=args,
                                               args_hash=hashed, idempotency_key=key)])
     else:
         assert isinstance(outcome, InDoubt | Retry) and outcome.idempotency_key is not None
-        call_id, key = outcome.call_id, outcome.idempotency_key
+        call_id, key, attempt = outcome.call_id, outcome.idempotency_key, outcome.attempt
+        if isinstance(outcome, Retry):
+            await _wait_until(run, call_id, attempt, outcome.due_at_ms, policy)
+            await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
+    for _ in range(attempts_max):
+        try:
+            return await _transaction_attempt(run, call_id, key, function, args)
+        except _INFRASTRUCTURE:
+            raise
+        except Exception as error:
+            verdict = classify_failure(error, policy, attempt, repeat_safe=True)
+            retry_at = None
+            if verdict is Disposition.RETRY:
+                retry_at = _now_ms() + round(1000 * backoff_delay_s(
+                    policy, run.task_id, run.head_seq, attempt))
+            text = _error_text(run, error, ())
+            await run.append([ev.ToolCallFailed(
+                call_id=call_id, attempt=attempt, error=text, error_type=type(error).__name__,
+                retryable=retry_at is not None, retry_at_ms=retry_at)])
+            if retry_at is None:
+                raise ToolError(call_id, type(error).__name__, text) from error
+        attempt += 1
+        await _wait_until(run, call_id, attempt, retry_at, policy)
+        await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
+    raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
+
+
+def _transaction_intent(call_id: str, name: str, args: Any, hashed: str, key: str,
+                        attempt: int) -> ev.ToolCallIntended:
+    return ev.ToolCallIntended(call_id=call_id, tool=name, args=args, args_hash=hashed,
+                               idempotency_key=key, attempt=attempt)
+
+
+async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
+                               function: Callable[[Any, Any], Any], args: Any) -> Any:
+    """One attempt of a DB-local effect, its dedup row and its result event."""
     pending: dict[str, Any] = {}
 
     async def record(connection: Any, result: Any) -> None:
@@ -564,3 +610,9 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
     if "append" in pending:
         run.adopt_append(pending["event"], pending["append"])
     return result
+
+
+_INFRASTRUCTURE: Final = (ToolError, LeaseLost, ConcurrencyConflict, UnknownTask, StaleEpoch,
+                          DatabaseUnavailable, AmbiguousCommit, *CONNECTION_ERRORS)
+"""Failures of a DB-local effect that are the engine's, not the effect's: the run handles
+them (fenced, interrupted), they are never recorded as the call's failure."""

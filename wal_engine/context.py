@@ -340,16 +340,18 @@ class AgentContext:
         await self._run.append([ev.PlanNodeCompleted(node_id=node_id)])
 
     async def transaction(self, name: str, function: Callable[[Any, Any], Awaitable[Any]],
-                          args: Any = None) -> Any:
+                          args: Any = None, *, retry: RetryPolicy = DEFAULT_POLICY) -> Any:
         """Exactly once for effects on this database: ``await function(connection, args)``,
-        its dedup row and the result event commit in one transaction."""
+        its dedup row and the result event commit in one transaction. A failed attempt
+        rolled back, so it did not act: transient failures are retried per ``retry``,
+        others raise ``ToolError``."""
         hashed = args_hash(self._run.redact(args))
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
         from wal_engine.calls import run_transaction
 
-        return await run_transaction(self._run, outcome, name, function, args, hashed)
+        return await run_transaction(self._run, outcome, name, function, args, hashed, retry)
 
     # ------------------------------------------------------------------ plumbing
 

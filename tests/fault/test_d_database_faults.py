@@ -412,13 +412,19 @@ async def test_d6_row_lock_held_by_another_session(database_dsn: str) -> None:
                     expected.update(await _submit(engine, f"d6-{round_number}", 10))
                     continue
                 victim = random_source.choice(candidates)
-                async with admin.transaction():
-                    if round_number == 10:
-                        await admin.execute("SET LOCAL lock_timeout = '100ms'")
-                    await admin.execute("SELECT 1 FROM wal_tasks WHERE task_id = $1 FOR UPDATE",
-                                        victim)
-                    locks += 1
-                    await asyncio.sleep(random_source.uniform(0.1, 0.5))
+                try:
+                    async with admin.transaction():
+                        if round_number == 10:
+                            await admin.execute("SET LOCAL lock_timeout = '100ms'")
+                        await admin.execute(
+                            "SELECT 1 FROM wal_tasks WHERE task_id = $1 FOR UPDATE", victim)
+                        locks += 1
+                        await asyncio.sleep(random_source.uniform(0.1, 0.5))
+                except asyncpg.LockNotAvailableError:
+                    # The round with a lock timeout of its own may find the row held by an
+                    # engine statement (a renewal, an append) on a loaded machine: that
+                    # round holds no lock, the others do.
+                    continue
             await wait_until(lambda: _all_done(engine, list(expected)),
                              "every task to finish", 120, 0.1)
         violations, effects = await check_everything(engine, acks=acks)

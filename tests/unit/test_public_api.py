@@ -8,6 +8,7 @@ EXPECTED = {
     "AgentContext", "Budget", "Database", "Engine", "EventRecord", "LlmResponse",
     "PermanentError", "PlanNode", "RetryPolicy", "SignalTimeout", "Store", "TaskHead",
     "ToolError", "TransientError", "WalError", "__version__", "connect", "secret_ref",
+    "DidNotAct", "LeaseExpired", "current_call", "ensure_lease", "lease_valid",
 }
 
 
