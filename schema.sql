@@ -126,6 +126,11 @@ CREATE TABLE IF NOT EXISTS wal_tasks (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT wal_tasks_pkey PRIMARY KEY (tenant, task_id)
 );
+-- The version of the agent code that started the task (task_submitted), or pinned by the
+-- first claim when the submitter had no code for the agent: a worker claims only tasks of
+-- the versions it can run, so old and new code coexist during a rolling deploy.
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS agent_version text
+    CHECK (agent_version IS NULL OR length(agent_version) BETWEEN 1 AND 64);
 
 
 CREATE TABLE IF NOT EXISTS wal_events (
@@ -551,35 +556,48 @@ $$;
 
 -- Claim up to p_limit due tasks for p_worker in one statement: QUEUED, RESUMING, and
 -- WAITING tasks whose wake time has come (database clock), of the agents in p_agents (all
--- agents when NULL): a worker never takes a task it has no code for. Bumps each task's lease epoch
--- (the fencing token) and records the claim in the log.
+-- agents when NULL): a worker never takes a task it has no code for. With p_versions
+-- (parallel to p_agents: each pair is an agent and a version this worker's code runs, the
+-- first pair of an agent its own version), only tasks of those versions, or of none yet,
+-- which the claim pins to the worker's own version. Bumps each task's lease epoch (the
+-- fencing token) and records the claim in the log.
 -- (Dropped first: CREATE OR REPLACE cannot change a function's result columns.)
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint);
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[]);
+DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[], text[]);
 CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint,
-                                p_agents text[] DEFAULT NULL)
+                                p_agents text[] DEFAULT NULL, p_versions text[] DEFAULT NULL)
 RETURNS TABLE (task_id text, agent text, lease_epoch bigint, head_seq bigint,
                head_hash bytea, attempts integer, started_at timestamptz,
-               database_now timestamptz)
+               database_now timestamptz, agent_version text)
 LANGUAGE plpgsql AS $$
 DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     due record;
     new_epoch bigint;
     claim_type text;
+    pinned text;
 BEGIN
     FOR due IN
-        SELECT t.task_id, t.status, t.lease_epoch, t.attempts, t.waiting_signal
+        SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
+               t.agent_version
           FROM wal_tasks t
          WHERE t.tenant = my_tenant
            AND (t.status IN ('QUEUED', 'RESUMING')
                 OR (t.status = 'WAITING' AND t.wake_at <= now()))
            AND (p_agents IS NULL OR t.agent = ANY (p_agents))
+           AND (p_versions IS NULL OR t.agent_version IS NULL
+                OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
+                            WHERE r.agent = t.agent AND r.version = t.agent_version))
          ORDER BY coalesce(t.wake_at, t.created_at), t.task_id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     LOOP
         new_epoch := due.lease_epoch + 1;
+        pinned := coalesce(due.agent_version,
+                           (SELECT r.version FROM unnest(p_agents, p_versions)
+                                   WITH ORDINALITY AS r(agent, version, n)
+                             WHERE r.agent = due.agent ORDER BY r.n LIMIT 1));
         IF due.status = 'WAITING' THEN
             PERFORM wal_emit(due.task_id, 'task_woken',
                              jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL
@@ -591,13 +609,15 @@ BEGIN
            SET lease_epoch = new_epoch, lease_owner = p_worker,
                lease_expires_at = now() + make_interval(secs => p_lease_ttl_ms / 1000.0),
                wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
-               started_at = coalesce(t.started_at, now())
+               started_at = coalesce(t.started_at, now()), agent_version = pinned
          WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
         PERFORM wal_emit(due.task_id, claim_type,
-                         jsonb_build_object('worker_id', p_worker, 'attempt', due.attempts + 1),
+                         jsonb_strip_nulls(jsonb_build_object(
+                             'worker_id', p_worker, 'attempt', due.attempts + 1,
+                             'agent_version', pinned)),
                          new_epoch, 'RUNNING');
         RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
-                            t.attempts, t.started_at, now()
+                            t.attempts, t.started_at, now(), t.agent_version
                        FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
     END LOOP;
 END;

@@ -68,7 +68,7 @@ like the current one.
 
 _containers: Final = (
     "messages", "calls", "pending", "plan", "plan_completed", "env", "signal_ids", "approvals",
-    "commands",
+    "commands", "patches",
 )
 """The fields holding lists or dicts: copied when a state is thawed or frozen as a copy."""
 

@@ -86,6 +86,7 @@ def _submitted(d: _Draft, e: ev.TaskSubmitted, seq: int) -> None:
     d.budget = e.budget
     d.parent_task_id = e.parent_task_id
     d.parent_seq = e.parent_seq
+    d.agent_version = e.agent_version
 
 
 def _claim(d: _Draft, attempt: int, seq: int) -> None:
@@ -98,11 +99,15 @@ def _claim(d: _Draft, attempt: int, seq: int) -> None:
 @_on(ev.TaskClaimed, frozenset({Status.QUEUED}))
 def _claimed(d: _Draft, e: ev.TaskClaimed, seq: int) -> None:
     _claim(d, e.attempt, seq)
+    if d.agent_version is None:
+        d.agent_version = e.agent_version
 
 
 @_on(ev.TaskResumed, frozenset({Status.RESUMING}))
 def _resumed(d: _Draft, e: ev.TaskResumed, seq: int) -> None:
     _claim(d, e.attempt, seq)
+    if d.agent_version is None:
+        d.agent_version = e.agent_version
 
 
 @_on(ev.StepStarted, frozenset({Status.CHECKPOINTED}))
@@ -160,16 +165,35 @@ def _woken(d: _Draft, e: ev.TaskWoken, seq: int) -> None:
                             error_type="SignalTimeout"),
         )
         d.waiting_on = None
+    d.handed_over = "woken"
 
 
 @_on(ev.TaskOrphaned, _leased)
 def _orphaned(d: _Draft, e: ev.TaskOrphaned, seq: int) -> None:
-    """The status move is all; the next claim bumps the attempt."""
+    """The next claim bumps the attempt."""
+    d.handed_over = "orphaned"
 
 
 @_on(ev.TaskReleased, _leased)
 def _released(d: _Draft, e: ev.TaskReleased, seq: int) -> None:
-    """The status move is all."""
+    d.handed_over = "released"
+
+
+@_on(ev.PatchMarked, _leased)
+def _patch_marked(d: _Draft, e: ev.PatchMarked, seq: int) -> None:
+    if e.change_id in d.patches:
+        raise ReplayError(seq, f"patch {e.change_id!r} is already marked", d.task_id)
+    d.patches.append(e.change_id)
+
+
+@_on(ev.RunInterrupted, _leased)
+def _run_interrupted(d: _Draft, e: ev.RunInterrupted, seq: int) -> None:
+    d.interruptions += 1
+
+
+@_on(ev.HookFailed, _leased)
+def _hook_failed(d: _Draft, e: ev.HookFailed, seq: int) -> None:
+    """Recorded for audit: a hook's failure changes nothing the agent sees."""
 
 
 @_on(ev.TaskCompleted)
@@ -463,6 +487,9 @@ def _budget_exceeded(d: _Draft, e: ev.BudgetExceeded, seq: int) -> None:
 def _forked(d: _Draft, e: ev.TaskForked, seq: int) -> None:
     d.parent_task_id = e.parent_task_id
     d.parent_seq = e.parent_seq
+    # A fork runs on the code that claims it (the way onto new code after a divergence):
+    # its first claim pins that code's version, as for a submission without one.
+    d.agent_version = None
 
 
 # ----------------------------------------------------------------------------- LangGraph threads

@@ -58,8 +58,9 @@ from replay.state import AgentState, Approval, CallRecord
 from wal_engine.errors import SnapshotCorrupt
 from wal_engine.events import MessageAppended
 
-STATE_FORMAT: Final = 4
-"""Version of the snapshot encoding (msgpack of ``AgentState``, segmented, zstd segments)."""
+STATE_FORMAT: Final = 5
+"""Version of the snapshot encoding (msgpack of ``AgentState``, segmented, zstd segments).
+5 added the agent version, patch markers, hand-over reason and interruptions."""
 
 segment_items: Final = 128
 """Items per segment (see docs/architecture.md for the measurements behind it)."""

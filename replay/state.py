@@ -194,6 +194,16 @@ class _StateFields(msgspec.Struct, kw_only=True):
     output: Any = None
     failure: Failure | None = None
     budget_exceeded: BudgetTrip | None = None
+    agent_version: str | None = None
+    """The version of the agent code that started the task (``task_submitted``, else the
+    first claim)."""
+    patches: list[str] = []
+    """Change ids of ``ctx.patched`` markers recorded, in order."""
+    handed_over: str | None = None
+    """Why the task last became RESUMING (``orphaned``, ``released``, ``woken``), None
+    before it ever did: the recovery hooks' ``reason``."""
+    interruptions: int = 0
+    """Runs that lost their connection and went on in place (``run_interrupted``)."""
 
 
 # msgspec allows a frozen struct to inherit fields from a mutable one; mypy's dataclass

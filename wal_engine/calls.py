@@ -328,6 +328,9 @@ class ToolCaller:
         log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
                     policy=spec.on_uncertain, reason=reason)
         metrics.call_escalated("tool", reason)
+        await run.run_hook("on_escalation", reason, {
+            "call_id": call_id, "tool": spec.name, "error_type": type(error).__name__
+            if error is not None else None, "error": text, "policy": spec.on_uncertain})
         return await self._reconcile(call_id, attempt)
 
     async def _reconcile(self, call_id: str, attempt: int) -> Any:

@@ -18,7 +18,7 @@ import inspect
 import random as random_module
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
@@ -27,7 +27,7 @@ from replay.journal import Fresh, InDoubt, Outcome, Recorded
 from replay.state import AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
-from wal_engine.errors import WalError
+from wal_engine.errors import InvalidInput, WalError
 from wal_engine.idempotency import Claim
 from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
@@ -115,6 +115,7 @@ class AgentContext:
     def __init__(self, run: TaskRun) -> None:
         self._run = run
         self._ordinals: dict[str, int] = {}
+        self._patches: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ inspection
 
@@ -290,6 +291,61 @@ class AgentContext:
         timeout_ms = None if timeout_s is None else max(0, round(timeout_s * 1000))
         return await wait_signal(self._run, name, timeout_ms)
 
+    # ------------------------------------------------------------------ versions
+
+    @property
+    def task_version(self) -> str | None:
+        """The version of the agent code that started this task."""
+        return self._run.agent_version
+
+    async def patched(self, change_id: str) -> bool:
+        """Whether this task runs the code changed under ``change_id`` (Temporal's
+        ``patched``): True for tasks that reach this point on code that has the change
+        (the first time, a ``patch_marked`` event records it), False while the code
+        re-runs a history written before the change, so that its old branch runs exactly
+        as it did. The answer is kept for the rest of the run. Write the change as::
+
+            if await ctx.patched("send-summary"):
+                await ctx.tool("summarise", ...)   # new code
+            else:
+                ...                                # what the old code did
+
+        Raises:
+            InvalidInput: ``change_id`` is empty or too long.
+        """
+        _check_change_id(change_id)
+        answer = self._patches.get(change_id)
+        if answer is not None:
+            return answer
+        run = self._run
+        if change_id in run.view.patches:
+            answer = True
+        elif self._replaying():
+            answer = False
+        else:
+            run.check_live()
+            await run.release_if_requested()
+            await run.append([ev.PatchMarked(change_id=change_id)])
+            answer = True
+        self._patches[change_id] = answer
+        return answer
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """Mark in the code that the old branch of ``change_id`` is gone (no task that
+        predates the change remains): histories with or without the marker both replay,
+        and nothing is written. Remove the call once no history has the marker either."""
+        _check_change_id(change_id)
+
+    def _replaying(self) -> bool:
+        """Whether the code is still inside the recorded history (recorded calls or
+        commands it has not reached yet): a change made since must not apply here."""
+        run = self._run
+        assert run.journal is not None
+        if run.journal.remaining:
+            return True
+        return any(self._ordinals.get(kind, 0) < count
+                   for kind, count in run.view.commands.items())
+
     # ------------------------------------------------------------------ other commands
 
     async def message(self, role: str, content: Any, *, name: str | None = None) -> None:
@@ -318,6 +374,7 @@ class AgentContext:
         await self._run.append([ev.StepCheckpointed(step=ordinal, next_action=next_action)])
         failpoints.hit("at_checkpoint")
         await self._run.maybe_snapshot()
+        await self._run.run_hook("on_checkpoint", "checkpoint", {"step": ordinal})
         await self._run.release_if_requested()
 
     async def set_env(self, **values: str | None) -> None:
@@ -385,6 +442,14 @@ class _ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None
     on_uncertain: str
     lookup: Any
+
+
+change_id_length_max: Final = 200
+
+
+def _check_change_id(change_id: str) -> None:
+    if not isinstance(change_id, str) or not 1 <= len(change_id) <= change_id_length_max:
+        raise InvalidInput(f"a patch's change id must be 1..{change_id_length_max} characters")
 
 
 def _recorded(outcome: Recorded) -> Any:

@@ -17,6 +17,7 @@ from wal_engine import limits
 from wal_engine.errors import ConfigurationError, InvalidInput, ReconcileRefused
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.group_commit import GroupCommitter
+from wal_engine.hooks import NO_HOOKS, AgentHooks
 from wal_engine.idempotency import IdempotencyGateway
 from wal_engine.ids import TaskId, new_task_id, validate_task_id
 from wal_engine.payloads import encode_payload
@@ -61,12 +62,26 @@ def wake_token(tenant: str) -> str:
     return hashlib.sha256(f"wal-engine/wake/{tenant}".encode()).hexdigest()[:32]
 
 
+DEFAULT_AGENT_VERSION: Final = "1"
+"""The version of an agent registered without one."""
+agent_version_length_max: Final = 64
+
+
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):
-    """A registered agent: its name, its function and the type its input must have."""
+    """A registered agent: its name, its function, the type its input must have, the version
+    of its code and the older versions whose tasks it can continue, and its hooks."""
 
     name: str
     function: Any
     input_type: Any = None
+    version: str = DEFAULT_AGENT_VERSION
+    compatible: tuple[str, ...] = ()
+    hooks: AgentHooks = NO_HOOKS
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The versions whose tasks this code may run: its own first."""
+        return (self.version, *(v for v in self.compatible if v != self.version))
 
 
 class Engine:
@@ -99,27 +114,54 @@ class Engine:
 
     # ------------------------------------------------------------------ agents
 
-    def agent(self, name: str, *, input_type: Any = None) -> Callable[[F], F]:
+    def agent(self, name: str, *, input_type: Any = None,
+              version: str = DEFAULT_AGENT_VERSION, compatible: tuple[str, ...] = (),
+              hooks: AgentHooks | None = None) -> Callable[[F], F]:
         """Register ``async def agent(ctx, input)`` under ``name``.
 
         Args:
             name: The agent's stable name, stored with every task.
             input_type: A msgspec Struct (or any type msgspec can convert to); submissions
                 are validated against it before anything is written.
+            version: The version of this code. A task records the version that started it,
+                and a worker claims only tasks of the versions it can run: during a rolling
+                deploy old workers drain old tasks while new ones start on the new code.
+            compatible: Older versions whose tasks this code continues correctly (their
+                changes are behind ``ctx.patched``); ``wal-engine replay --all`` checks it.
+            hooks: Recovery hooks (:class:`~wal_engine.hooks.AgentHooks`).
         """
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+        for label in (version, *compatible):
+            if not isinstance(label, str) or not 1 <= len(label) <= agent_version_length_max:
+                raise InvalidInput(
+                    f"agent versions must be 1..{agent_version_length_max} characters")
 
         def register(function: F) -> F:
-            self.agents[name] = AgentDefinition(name=name, function=function,
-                                                input_type=input_type)
+            self.agents[name] = AgentDefinition(
+                name=name, function=function, input_type=input_type, version=version,
+                compatible=tuple(compatible), hooks=hooks or NO_HOOKS)
             return function
 
         return register
 
-    def register(self, name: str, function: AgentFunction, *, input_type: Any = None) -> None:
+    def register(self, name: str, function: AgentFunction, *, input_type: Any = None,
+                 version: str = DEFAULT_AGENT_VERSION, compatible: tuple[str, ...] = (),
+                 hooks: AgentHooks | None = None) -> None:
         """Register an agent without the decorator."""
-        self.agent(name, input_type=input_type)(function)
+        self.agent(name, input_type=input_type, version=version, compatible=compatible,
+                   hooks=hooks)(function)
+
+    def runnable_versions(self) -> tuple[list[str], list[str]]:
+        """``(agents, versions)``: every agent and version this engine's code can run, as
+        the claim statement takes them (each agent's own version first)."""
+        agents: list[str] = []
+        versions: list[str] = []
+        for name in sorted(self.agents):
+            for version in self.agents[name].runs:
+                agents.append(name)
+                versions.append(version)
+        return agents, versions
 
     # ------------------------------------------------------------------ tasks
 
@@ -145,7 +187,9 @@ class Engine:
                 raise InvalidInput(f"input for agent {agent!r} is invalid: {error}") from error
             plain_input = msgspec.to_builtins(typed)
         chosen = new_task_id() if task_id is None else validate_task_id(task_id)
-        await self.store.create_task(chosen, agent, input=plain_input, budget=budget)
+        await self.store.create_task(
+            chosen, agent, input=plain_input, budget=budget,
+            agent_version=None if definition is None else definition.version)
         return chosen
 
     async def signal(self, task_id: str, name: str, payload: Any = None, *,

@@ -64,6 +64,9 @@ class TaskSubmitted(Event, tag="task_submitted", frozen=True, kw_only=True):
     budget: Budget = Budget()
     parent_task_id: str | None = None
     parent_seq: int | None = None
+    agent_version: str | None = None
+    """The version of the agent code that started the task; None when the submitter did
+    not have the agent registered (the first claim then pins the claiming code's version)."""
 
 
 class TaskClaimed(Event, tag="task_claimed", frozen=True, kw_only=True):
@@ -72,6 +75,8 @@ class TaskClaimed(Event, tag="task_claimed", frozen=True, kw_only=True):
     TARGET_STATUS = Status.RUNNING
     worker_id: str
     attempt: int = 1
+    agent_version: str | None = None
+    """The task's agent version as of the claim (pinned by it if the submission had none)."""
 
 
 class TaskResumed(Event, tag="task_resumed", frozen=True, kw_only=True):
@@ -80,6 +85,7 @@ class TaskResumed(Event, tag="task_resumed", frozen=True, kw_only=True):
     TARGET_STATUS = Status.RUNNING
     worker_id: str
     attempt: int = 1
+    agent_version: str | None = None
 
 
 class StepStarted(Event, tag="step_started", frozen=True, kw_only=True):
@@ -383,6 +389,30 @@ class GraphCheckpointsRemoved(Event, tag="graph_checkpoints_removed", frozen=Tru
     checkpoints_removed: int = 0
 
 
+class PatchMarked(Event, tag="patch_marked", frozen=True, kw_only=True):
+    """Agent code passed ``ctx.patched(change_id)`` for the first time in this task: from
+    here on the task runs the patched branch (histories without it run the old one)."""
+
+    change_id: str
+
+
+class RunInterrupted(Event, tag="run_interrupted", frozen=True, kw_only=True):
+    """The run lost its database connection and continues under the same lease: its agent
+    code runs again from the top against the log as it was read back."""
+
+    error_type: str
+    error: str = ""
+    worker_id: str | None = None
+
+
+class HookFailed(Event, tag="hook_failed", frozen=True, kw_only=True):
+    """A recovery hook of the agent raised; recorded, and the task went on."""
+
+    hook: str
+    error_type: str
+    error: str = ""
+
+
 AnyEvent = (
     TaskSubmitted
     | TaskClaimed
@@ -418,6 +448,9 @@ AnyEvent = (
     | GraphCheckpointSaved
     | GraphWritesSaved
     | GraphCheckpointsRemoved
+    | PatchMarked
+    | RunInterrupted
+    | HookFailed
 )
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {

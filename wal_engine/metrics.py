@@ -133,6 +133,10 @@ class Instruments:
         self.call_retries = Counter(
             "wal_engine_call_retries", "Tool and LLM attempts retried.", ["kind", "reason"],
             registry=target)
+        self.claims_by_version = Counter(
+            "wal_engine_claims_by_agent_version",
+            "Tasks claimed, by agent and the agent version that started them (what still runs "
+            "on each version during a deploy).", ["agent", "version"], registry=target)
         self.call_escalations = Counter(
             "wal_engine_call_escalations",
             "Calls not safe to repeat left in doubt and escalated.", ["kind", "reason"],
@@ -211,6 +215,12 @@ def call_retried(kind: str, reason: str) -> None:
     """A ``kind`` (tool, llm) call is attempted again; ``reason``: failure or in_doubt."""
     if _instruments is not None:
         _instruments.call_retries.labels(kind, reason).inc()
+
+
+def task_claimed_at_version(agent: str, version: str | None) -> None:
+    """A task of ``agent`` started by code of ``version`` was claimed."""
+    if _instruments is not None:
+        _instruments.claims_by_version.labels(agent, version or "").inc()
 
 
 def call_escalated(kind: str, reason: str) -> None:

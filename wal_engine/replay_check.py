@@ -190,7 +190,8 @@ class _ReplayRun(TaskRun):
     def __init__(self, state: AgentState, journal: _ReplayJournal, code_ended: bool) -> None:
         row = {"task_id": state.task_id, "agent": state.agent, "lease_epoch": 0,
                "head_seq": state.last_seq, "head_hash": state.last_hash,
-               "started_at": None, "database_now": None}
+               "started_at": None, "database_now": None,
+               "agent_version": state.agent_version}
         super().__init__(cast("Engine", _NoEngine()), cast("Worker", _ReplayWorker()), row)
         self.builder = StateBuilder(state)
         self.journal = journal

@@ -41,7 +41,9 @@ from wal_engine.errors import (
     LeaseLost,
     SnapshotCorrupt,
     UnknownTask,
+    WalError,
 )
+from wal_engine.hooks import HookEvent, call_hook
 from wal_engine.redaction import Redactor, default_redactor, redact_event, redact_text
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import PendingAppend, queries
@@ -49,7 +51,7 @@ from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.store.store import check_history_bound
 
 if TYPE_CHECKING:
-    from wal_engine.engine import Engine
+    from wal_engine.engine import AgentDefinition, Engine
     from wal_engine.resume import ResumedState
     from wal_engine.worker import Worker
 
@@ -63,6 +65,9 @@ TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
 
 _no_budget: Final = ev.Budget()
 diagnostic_events_max: Final = 10
+interruptions_max: Final = 20
+"""Lost connections one run goes on after (each recorded as ``run_interrupted``)."""
+reconnect_delay_max_s: Final = 2.0
 release_timeout_s: Final = 5.0
 """How long a cancelled run may take to hand its task back before the worker exits."""
 error_text_max: Final = 2000
@@ -97,6 +102,8 @@ class TaskRun:
         self.worker = worker
         self.task_id: str = row["task_id"]
         self.agent: str = row["agent"]
+        self.agent_version: str | None = row["agent_version"]
+        """The version of the agent code that started the task, as the claim pinned it."""
         self.epoch: int = row["lease_epoch"]
         self.head_seq: int = row["head_seq"]
         self.head_hash: bytes = row["head_hash"]
@@ -119,6 +126,10 @@ class TaskRun:
         self.last_snapshot_seq = 0
         self.snapshot_segments: SnapshotSegments = SnapshotSegments()
         """The segments this run's snapshots stored (or its resume read): not re-sent."""
+        self.definition: AgentDefinition | None = None
+        self._unsettled: list[ev.Event] = []
+        """Outcome events of the last append, while it is in doubt (its connection broke):
+        after the log is read back, recorded again if they did not land."""
 
     # ------------------------------------------------------------------ control
 
@@ -160,48 +171,143 @@ class TaskRun:
     # ------------------------------------------------------------------ execution
 
     async def execute(self) -> None:
-        """Run the task until it finishes, waits, is handed back or is fenced."""
+        """Run the task until it finishes, waits, is handed back or is fenced. A lost
+        connection does not end the run while the lease can be trusted: the log is read
+        back, the interruption recorded, and the agent code runs again from the top."""
         from wal_engine.context import AgentContext
 
         definition = self.engine.agents.get(self.agent)
+        self.definition = definition
         try:
             resumed = await self._read_state()
         except CorruptionError as error:
             await self._quarantine(error)
             return
+        if not self._adopt(resumed):
+            return
+        if definition is None:
+            await self._release(f"agent {self.agent!r} is not registered on this worker")
+            return
+        if self.agent_version is not None and self.agent_version not in definition.runs:
+            await self._release(f"version {self.agent_version!r} of agent {self.agent!r} is "
+                                "not runnable on this worker")
+            return
+        await self.run_claim_hooks()
+        for interruption in range(interruptions_max + 1):
+            try:
+                await self._run_agent(AgentContext(self), definition.function,
+                                      self.view.input)
+                return
+            except (Suspended, Finished):
+                return
+            except Fenced:
+                self.log.warning("task_run_fenced", reason=self.fenced_reason)
+                return
+            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
+                self.log.warning("task_run_interrupted", error=self.redact_text(repr(error)),
+                                 interruption=interruption + 1)
+                if interruption == interruptions_max or not await self._continue(error):
+                    return
+            except asyncio.CancelledError:
+                # A graceful stop ran out of time while the agent was inside a call: hand
+                # the task back now rather than leave it to lease expiry. The call in
+                # flight stays in doubt in the log and is handled as such by the next owner.
+                if self.suspend_requested and self.leased and self.fenced_reason is None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(asyncio.wait_for(
+                            self._release("worker stopped during a call"), release_timeout_s))
+                raise
+
+    def _adopt(self, resumed: ResumedState) -> bool:
+        """Take ``resumed`` as the run's state; False (fenced) if the log moved past the
+        claim."""
         state = resumed.state
         metrics.resumed(resumed.events_folded, resumed.snapshot_seq is not None)
         self.last_snapshot_seq = resumed.snapshot_seq or 0
         self.snapshot_segments = resumed.segments
         if state.last_seq != self.head_seq:
             self.fence(f"log moved past the claim (seq {state.last_seq} != {self.head_seq})")
-            return
+            return False
         self.builder = StateBuilder(state)
+        self._state_cache = None
         self.journal = Journal(
             [call for call in state.calls.values() if not is_internal(call)],
             end_seq=state.last_seq, closed=state.terminal, task_id=self.task_id,
         )
-        if definition is None:
-            await self._release(f"agent {self.agent!r} is not registered on this worker")
+        return True
+
+    async def _continue(self, error: BaseException) -> bool:
+        """After a lost connection: wait for the database while the lease can be trusted,
+        read the log back (which settles any append in doubt), check the lease is still
+        ours, record what is known and the interruption, and say whether to run again."""
+        delay_s = 0.05
+        while self.lease_trusted():
+            try:
+                head = await self.engine.store.read_head(self.task_id)
+                if head.lease_epoch != self.epoch or head.status not in LEASED:
+                    self.fence(f"lease moved while the connection was lost (epoch "
+                               f"{head.lease_epoch}, status {head.status.value})")
+                    return False
+                self.head_seq, self.head_hash = head.head_seq, head.head_hash
+                if not self._adopt(await self._read_state()):
+                    return False
+                await self._settle_outcomes()
+                await self.append([ev.RunInterrupted(
+                    error_type=type(error).__name__, error=self.redact_text(str(error))[:500],
+                    worker_id=self.worker.worker_id)])
+                return True
+            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+                await asyncio.sleep(delay_s)
+                delay_s = min(reconnect_delay_max_s, delay_s * 2)
+        self.log.warning("task_run_given_up", reason="lease expired while disconnected")
+        return False
+
+    async def _settle_outcomes(self) -> None:
+        """Record again the outcomes of an append in doubt that did not land: the effect
+        happened and this run still holds the lease, so its result is known; without this
+        the re-run would find the call in doubt and retry or escalate it."""
+        unsettled, self._unsettled = self._unsettled, []
+        assert self.builder is not None
+        pending = self.builder.view.pending
+        outcomes = [e for e in unsettled if getattr(e, "call_id", None) in pending]
+        if outcomes:
+            await self.append(outcomes, redacted=True)
+
+    # ------------------------------------------------------------------ hooks
+
+    async def run_claim_hooks(self) -> None:
+        """``on_claim``; then, unless this is the task's first run, ``on_orphaned`` (after
+        an expired lease) and ``on_resume``."""
+        reason = self.view.handed_over or "first_run"
+        await self.run_hook("on_claim", reason)
+        if reason == "first_run":
             return
-        context = AgentContext(self)
+        if reason == "orphaned":
+            await self.run_hook("on_orphaned", reason)
+        await self.run_hook("on_resume", reason)
+
+    async def run_hook(self, hook: str, reason: str, detail: Any = None) -> None:
+        """Call the agent's ``hook`` if it has one. Its failure is logged and recorded
+        (``hook_failed``, while the task is leased) and never stops the task."""
+        definition = self.definition
+        function = None if definition is None else definition.hooks.get(hook)
+        if function is None or definition is None:
+            return
+        event = HookEvent(
+            hook=hook, task_id=self.task_id, agent=self.agent, reason=reason,
+            task_version=self.agent_version, code_version=definition.version,
+            new_version=self.agent_version not in (None, definition.version),
+            worker_id=self.worker.worker_id, epoch=self.epoch, seq=self.head_seq,
+            detail=detail)
         try:
-            await self._run_agent(context, definition.function, state.input)
-        except (Suspended, Finished):
-            pass
-        except Fenced:
-            self.log.warning("task_run_fenced", reason=self.fenced_reason)
-        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
-            self.log.warning("task_run_interrupted", error=self.redact_text(repr(error)))
-        except asyncio.CancelledError:
-            # A graceful stop ran out of time while the agent was inside a call: hand the
-            # task back now rather than leave it to lease expiry. The call in flight stays
-            # in doubt in the log and is handled as such by the next owner.
-            if self.suspend_requested and self.leased and self.fenced_reason is None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wait_for(
-                        self._release("worker stopped during a call"), release_timeout_s))
-            raise
+            await call_hook(function, event)
+        except Exception as error:
+            text = self.redact_text(repr(error))[:error_text_max]
+            self.log.error("hook_failed", hook=hook, error=text)
+            if self.leased and self.fenced_reason is None and not is_terminal(self.status):
+                with contextlib.suppress(Fenced, WalError, *CONNECTION_ERRORS):
+                    await self.append([ev.HookFailed(hook=hook, error_type=type(error).__name__,
+                                                     error=text)])
 
     async def _read_state(self) -> ResumedState:
         """The state to continue from. A snapshot is derived data: one that does not decode
@@ -244,6 +350,7 @@ class TaskRun:
             return
         await self.append([ev.TaskCompleted(output=output)])
         self.log.info("task_completed", seq=self.head_seq)
+        await self.run_hook("on_complete", "completed", {"output": self.view.output})
 
     # ------------------------------------------------------------------ appends
 
@@ -306,6 +413,9 @@ class TaskRun:
         except (LeaseLost, ConcurrencyConflict, UnknownTask) as error:
             self.fence(str(error))
             raise Fenced from error
+        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+            self._unsettled = [e for e in events if isinstance(e, _OUTCOMES)]
+            raise
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
         structlog.contextvars.bind_contextvars(seq=result.head_seq)
         if result.status is not None and result.status not in LEASED:
@@ -404,6 +514,8 @@ class TaskRun:
             f"{type(error).__name__}: {error}")[:error_text_max]
         await self.append([ev.TaskFailed(reason=reason, error=text, diagnostic=diagnostic)])
         self.log.error("task_failed", reason=reason, error=text)
+        await self.run_hook("on_complete", "failed", {
+            "reason": reason, "error": text, "diagnostic": diagnostic})
 
     async def _diagnostic(self, error: BaseException | None,
                           extra: dict[str, Any]) -> dict[str, Any]:
@@ -466,6 +578,11 @@ class TaskRun:
         self._state_cache = None
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
         structlog.contextvars.bind_contextvars(seq=result.head_seq)
+
+
+_OUTCOMES: Final = (ev.ToolCallCompleted, ev.ToolCallFailed, ev.LlmCallCompleted,
+                    ev.LlmCallFailed)
+"""Events that record what an effect did: kept while their append is in doubt."""
 
 
 def is_internal(call: Any) -> bool:

@@ -209,15 +209,18 @@ class Worker:
 
     async def _claim(self, free: int) -> int:
         sent_at = time.monotonic()
+        agents, versions = self.engine.runnable_versions()
         rows = await self.engine.database.fetch(
             queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
-            sorted(self.engine.agents),
+            agents, versions,
         )
         for row in rows:
             self.keeper.hold(row["task_id"], row["lease_epoch"], sent_at)
             self._start_run(row)
         self.claimed += len(rows)
         metrics.tasks_claimed(len(rows))
+        for row in rows:
+            metrics.task_claimed_at_version(row["agent"], row["agent_version"])
         return len(rows)
 
     def _start_run(self, row: Any) -> None:

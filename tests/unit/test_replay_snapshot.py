@@ -121,7 +121,8 @@ PINNED_SHAPE = {
                    "parent_seq", "messages", "step", "next_action", "calls", "pending", "usage",
                    "waiting_on", "attempts", "last_seq", "last_hash", "plan", "plan_completed",
                    "env", "signal_ids", "approvals", "commands", "output", "failure",
-                   "budget_exceeded"),
+                   "budget_exceeded", "agent_version", "patches", "handed_over",
+                   "interruptions"),
     "CallRecord": ("call_id", "kind", "name", "args_hash", "seq", "status", "idempotency_key",
                    "idempotent", "attempt", "result", "error", "retry_seq", "outcome_seq",
                    "due_at_ms"),
@@ -138,7 +139,7 @@ PINNED_SHAPE = {
 def test_state_shape_is_pinned_to_the_snapshot_format() -> None:
     """Changing AgentState's shape needs a new STATE_FORMAT (then update this pin with it)."""
     shape = {name: getattr(state_module, name).__struct_fields__ for name in PINNED_SHAPE}
-    assert (STATE_FORMAT, shape) == (4, PINNED_SHAPE), (
+    assert (STATE_FORMAT, shape) == (5, PINNED_SHAPE), (
         "AgentState changed: bump replay.snapshot.STATE_FORMAT so that old snapshots are "
         "ignored, then update PINNED_SHAPE and the format here"
     )

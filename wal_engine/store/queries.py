@@ -44,8 +44,8 @@ SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
 CREATE_TASK: Final = """
 WITH task AS (
     INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, budget,
-                           parent_task_id, parent_seq)
-    VALUES ($1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9)
+                           parent_task_id, parent_seq, agent_version)
+    VALUES ($1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9, $11)
     ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), event AS (
@@ -205,7 +205,7 @@ READ_HEAD: Final = """
 SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
        t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,
        t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
-       t.started_at, t.updated_at
+       t.started_at, t.updated_at, t.agent_version
   FROM wal_tasks t
   CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
                       WHERE e.tenant = t.tenant AND e.task_id = t.task_id
@@ -254,7 +254,7 @@ _LIST_TASKS: Final = """
 SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
        t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,
        t.budget::text AS budget, t.parent_task_id, t.parent_seq, t.attempts, t.created_at,
-       t.started_at, t.updated_at
+       t.started_at, t.updated_at, t.agent_version
   FROM wal_tasks t
   CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
                       WHERE e.tenant = t.tenant AND e.task_id = t.task_id
@@ -285,7 +285,15 @@ UPDATE wal_tasks AS t
 RETURNING t.task_id
 """
 
-CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[])"
+CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[])"
+
+TASKS_BY_VERSION: Final = """
+SELECT agent, agent_version, status, count(*) AS tasks FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true)
+ GROUP BY agent, agent_version, status
+ ORDER BY agent, agent_version NULLS FIRST, status
+ LIMIT $1
+"""
 
 BREAK_LEASES: Final = "SELECT * FROM wal_break_leases($1)"
 

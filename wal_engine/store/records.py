@@ -50,6 +50,8 @@ class TaskHead(msgspec.Struct, frozen=True, kw_only=True):
     created_at: dt.datetime
     started_at: dt.datetime | None
     updated_at: dt.datetime
+    agent_version: str | None = None
+    """The version of the agent code that started the task (None until a claim pins it)."""
 
 
 class AppendResult(msgspec.Struct, frozen=True, kw_only=True):

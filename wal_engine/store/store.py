@@ -148,6 +148,7 @@ class Store:
         budget: vocabulary.Budget | None = None,
         parent_task_id: str | None = None,
         parent_seq: int | None = None,
+        agent_version: str | None = None,
     ) -> tuple[TaskHead, bool]:
         """Create a QUEUED task with its ``task_submitted`` event at seq 1.
 
@@ -164,6 +165,7 @@ class Store:
             budget=budget or vocabulary.Budget(),
             parent_task_id=parent_task_id,
             parent_seq=parent_seq,
+            agent_version=agent_version,
         )
         kind, version, payload = vocabulary.encode_event(
             submitted, payload_bytes_max=self.payload_bytes_max
@@ -175,7 +177,7 @@ class Store:
         row = await self.database.fetchrow(
             queries.CREATE_TASK,
             task_id, agent, kind, version, payload, digest, budget_json,
-            parent_task_id, parent_seq, GENESIS_HASH,
+            parent_task_id, parent_seq, GENESIS_HASH, agent_version,
             task_id=task_id,
         )
         assert row is not None
