@@ -484,3 +484,67 @@ async def check_history(
     function = agent_function(registry, state.agent)
     return await replay_state(state, function, events=folded, timeout_s=timeout_s,
                               on_progress=on_progress)
+
+
+# ----------------------------------------------------------------------------- the deploy gate
+
+deploy_check_live_max: Final = 100_000
+"""Most live tasks one deploy check replays (bounded, like every multi-row read)."""
+
+
+class DeployCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of replaying every live task (and a sample of finished ones) against the
+    code about to ship."""
+
+    checked: int
+    live: int
+    finished: int
+    skipped: int
+    """Tasks the new code would not run: their agent is not registered, or their version is
+    neither the code's nor one it declares compatible (old workers drain them)."""
+    divergent: list[ReplayReport]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every checked task replays against the new code."""
+        return not self.divergent
+
+
+def runs_version(definition: Any, version: str | None) -> bool:
+    """Whether the registered ``definition`` would claim a task of ``version``."""
+    runs = getattr(definition, "runs", None)
+    return version is None or runs is None or version in runs
+
+
+async def check_tasks(engine: Engine, *, since: Any = None, finished_sample: int = 20,
+                      timeout_s: float = replay_timeout_s_default,
+                      on_task: Callable[[ReplayReport], None] | None = None) -> DeployCheck:
+    """Replay every live task, and the ``finished_sample`` most recently finished ones, of
+    the versions the engine's agents can run, against the engine's agents.
+
+    Args:
+        engine: An engine whose registered agents are the code about to ship (open it on
+            a read-only session: nothing is written either way).
+        since: Only tasks updated at or after this ``datetime`` (None: all).
+        finished_sample: How many finished (COMPLETED or FAILED) tasks to check as well.
+        timeout_s: Longest one task's code may run.
+        on_task: Called with each task's report as it is made.
+    """
+    from wal_engine.store import queries
+
+    rows = await engine.database.fetch(queries.REPLAY_CANDIDATES, since,
+                                       deploy_check_live_max, finished_sample)
+    reports: list[ReplayReport] = []
+    skipped = live = 0
+    for row in rows:
+        definition = engine.agents.get(row["agent"])
+        if definition is None or not runs_version(definition, row["agent_version"]):
+            skipped += 1
+            continue
+        live += row["status"] not in ("COMPLETED", "FAILED")
+        report = await check_history(engine, row["task_id"], timeout_s=timeout_s)
+        reports.append(report)
+        if on_task is not None:
+            on_task(report)
+    return DeployCheck(checked=len(reports), live=live, finished=len(reports) - live,
+                       skipped=skipped, divergent=[r for r in reports if not r.ok])

@@ -43,6 +43,7 @@ verify_page_tasks: Final = 500
 verify_concurrency: Final = 4
 """Tasks verified at once (each holds one pooled connection while it streams its log)."""
 messages_shown_max: Final = 20
+by_version_rows_max: Final = 10_000
 
 
 @click.command()
@@ -53,13 +54,38 @@ messages_shown_max: Final = 20
               help="Most tasks listed.")
 @click.option("--after", "after_task_id", default="", metavar="TASK",
               help="List tasks whose id sorts after TASK (paging).")
+@click.option("--by-version", is_flag=True,
+              help="Count tasks by agent, agent version and status instead (what still "
+                   "runs on each version during a deploy).")
 @dsn_option
 @development_option
 @json_option
 def tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
-          dsn: str | None, as_json: bool) -> None:
+          by_version: bool, dsn: str | None, as_json: bool) -> None:
     """List tasks (ordered by id), optionally filtered by status and agent."""
+    if by_version:
+        run(_tasks_by_version(dsn, as_json), dsn=dsn)
+        return
     run(_tasks(status, agent, limit, after_task_id, dsn, as_json), dsn=dsn)
+
+
+async def _tasks_by_version(dsn: str | None, as_json: bool) -> None:
+    from wal_engine.store import queries
+
+    async with open_engine(dsn) as engine:
+        rows = await engine.database.fetch(queries.TASKS_BY_VERSION, by_version_rows_max)
+    if as_json:
+        for row in rows:
+            emit({"agent": row["agent"], "agent_version": row["agent_version"],
+                  "status": row["status"], "tasks": row["tasks"]})
+        return
+    table = Table(title="tasks by agent version")
+    for column in ("agent", "version", "status", "tasks"):
+        table.add_column(column, justify="right" if column == "tasks" else "left")
+    for row in rows:
+        table.add_row(row["agent"], row["agent_version"] or "(not pinned yet)", row["status"],
+                      str(row["tasks"]))
+    console().print(table)
 
 
 async def _tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import importlib
 import sys
 import threading
@@ -32,7 +33,7 @@ from wal_engine.cli.common import (
     run,
 )
 from wal_engine.errors import SchemaMismatch
-from wal_engine.replay_check import ReplayReport, replay_timeout_s_default
+from wal_engine.replay_check import DeployCheck, ReplayReport, replay_timeout_s_default
 
 BENCHMARK_SUITE: Final = "benchmarks.suite"
 """The side-by-side suite (``python -m benchmarks``), at the repository root, not in the wheel."""
@@ -94,7 +95,13 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
 
 
 @click.command()
-@click.argument("task_id", metavar="TASK")
+@click.argument("task_id", metavar="[TASK]", required=False)
+@click.option("--all", "all_tasks", is_flag=True,
+              help="The deploy gate: every live task and a sample of finished ones.")
+@click.option("--since", type=click.DateTime(), default=None,
+              help="With --all: only tasks updated at or after this time (UTC).")
+@click.option("--finished", "finished_sample", type=click.IntRange(0, 10_000), default=20,
+              show_default=True, help="With --all: how many recently finished tasks too.")
 @click.option("--agents", "agents_spec", required=True, metavar="MODULE:ATTR",
               help="Today's agents (as for `worker`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1), show_default=True,
@@ -102,10 +109,21 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
 @dsn_option
 @development_option
 @json_option
-def replay(task_id: str, agents_spec: str, timeout_s: float, dsn: str | None,
+def replay(task_id: str | None, all_tasks: bool, since: dt.datetime | None,
+           finished_sample: int, agents_spec: str, timeout_s: float, dsn: str | None,
            as_json: bool) -> None:
-    """Re-run today's agent code against TASK's recorded history; report the first
-    non-determinism (exit 1). Nothing is called and nothing is written."""
+    """Re-run today's agent code against TASK's recorded history (or, with --all, every
+    live task's: the check before a deploy); report the first non-determinism (exit 1).
+    Nothing is called and nothing is written."""
+    if (task_id is None) == (not all_tasks):
+        raise click.UsageError("give a TASK or --all (not both)")
+    if all_tasks:
+        check = run(_replay_all(agents_spec, since, finished_sample, timeout_s, dsn, as_json),
+                    dsn=dsn)
+        if not check.ok:
+            raise SystemExit(EXIT_FINDING)
+        return
+    assert task_id is not None
     report = run(_replay(task_id, agents_spec, timeout_s, dsn), dsn=dsn)
     if as_json:
         emit({**msgspec.to_builtins(report), "ok": report.ok})
@@ -126,6 +144,34 @@ async def _replay(task_id: str, agents_spec: str, timeout_s: float,
         with progress() as bars:
             return await check_history(engine, task_id, timeout_s=timeout_s,
                                        on_progress=bars.update)
+
+
+async def _replay_all(agents_spec: str, since: dt.datetime | None, finished_sample: int,
+                      timeout_s: float, dsn: str | None, as_json: bool) -> DeployCheck:
+    from wal_engine.replay_check import check_tasks
+    from wal_engine.store.connection import resolve_dsn
+
+    def each(report: ReplayReport) -> None:
+        if as_json:
+            emit({**msgspec.to_builtins(report), "ok": report.ok})
+        elif not report.ok:
+            _print_replay(report)
+
+    after = None if since is None else since.replace(tzinfo=dt.UTC)
+    async with open_engine(read_only_dsn(await resolve_dsn(dsn))) as engine:
+        await install_agents(engine, agents_spec)
+        check = await check_tasks(engine, since=after, finished_sample=finished_sample,
+                                  timeout_s=timeout_s, on_task=each)
+    summary_line = (f"{check.checked} task(s) replayed ({check.live} live, {check.finished} "
+                    f"finished), {len(check.divergent)} divergent, {check.skipped} skipped "
+                    "(agent or version this code does not run)")
+    if as_json:
+        emit({"checked": check.checked, "live": check.live, "finished": check.finished,
+              "skipped": check.skipped, "divergent": [r.task_id for r in check.divergent],
+              "ok": check.ok})
+    else:
+        console().print(("ok: " if check.ok else "[red]NOT SAFE TO DEPLOY[/]: ") + summary_line)
+    return check
 
 
 def _print_replay(report: ReplayReport) -> None:

@@ -168,14 +168,40 @@ async def _cancel(task_id: str, reason: str, requested_by: str | None, dsn: str 
 
 @click.command()
 @click.argument("task_id", metavar="TASK")
-@click.option("--at", "at_seq", type=click.IntRange(1), required=True, metavar="SEQ",
+@click.option("--at", "at_seq", type=click.IntRange(1), default=None, metavar="SEQ",
               help="Keep the history up to and including this seq.")
+@click.option("--at-divergence", "agents_spec", default=None, metavar="MODULE:ATTR",
+              help="Fork where today's agents (as for `worker`) first diverge from TASK's "
+                   "history, so that the new task continues on the new code.")
 @dsn_option
 @development_option
 @json_option
-def fork(task_id: str, at_seq: int, dsn: str | None, as_json: bool) -> None:
+def fork(task_id: str, at_seq: int | None, agents_spec: str | None, dsn: str | None,
+         as_json: bool) -> None:
     """Start a new task from TASK's history up to SEQ (it continues with today's code)."""
+    if (at_seq is None) == (agents_spec is None):
+        raise click.UsageError("give --at SEQ or --at-divergence MODULE:ATTR (one of them)")
+    if agents_spec is not None:
+        at_seq = run(_divergence_point(task_id, agents_spec, dsn), dsn=dsn)
+    assert at_seq is not None
     run(_fork(task_id, at_seq, dsn, as_json), dsn=dsn)
+
+
+async def _divergence_point(task_id: str, agents_spec: str, dsn: str | None) -> int:
+    """The fork point of the first divergence of today's agents from TASK's history."""
+    from wal_engine.cli.common import install_agents
+    from wal_engine.replay_check import check_history
+
+    async with open_engine(dsn) as engine:
+        await install_agents(engine, agents_spec)
+        report = await check_history(engine, task_id)
+    if report.divergence is None:
+        raise click.ClickException(f"today's code does not diverge from task {task_id}'s "
+                                   "history: nothing to fork at")
+    if report.divergence.fork_point < 1:
+        raise click.ClickException("the code diverges at the task's first event: submit it "
+                                   "again instead")
+    return report.divergence.fork_point
 
 
 async def _fork(task_id: str, at_seq: int, dsn: str | None, as_json: bool) -> None:

@@ -287,6 +287,20 @@ RETURNING t.task_id
 
 CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[])"
 
+# The deploy gate's tasks: every live task, and the most recently finished ones, updated at
+# or after $1 (all when NULL).
+REPLAY_CANDIDATES: Final = """
+(SELECT task_id, agent, agent_version, status FROM wal_tasks
+  WHERE tenant = current_setting('wal.tenant', true)
+    AND status NOT IN ('COMPLETED', 'FAILED') AND ($1::timestamptz IS NULL OR updated_at >= $1)
+  ORDER BY task_id LIMIT $2)
+UNION ALL
+(SELECT task_id, agent, agent_version, status FROM wal_tasks
+  WHERE tenant = current_setting('wal.tenant', true)
+    AND status IN ('COMPLETED', 'FAILED') AND ($1::timestamptz IS NULL OR updated_at >= $1)
+  ORDER BY updated_at DESC LIMIT $3)
+"""
+
 TASKS_BY_VERSION: Final = """
 SELECT agent, agent_version, status, count(*) AS tasks FROM wal_tasks
  WHERE tenant = current_setting('wal.tenant', true)
