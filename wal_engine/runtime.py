@@ -230,11 +230,17 @@ class TaskRun:
             return False
         self.builder = StateBuilder(state)
         self._state_cache = None
+        self._new_journal()
+        return True
+
+    def _new_journal(self) -> None:
+        """A journal cursor over the calls of the state as it is now (agent code about to
+        run from the top)."""
+        state = self.state
         self.journal = Journal(
             [call for call in state.calls.values() if not is_internal(call)],
             end_seq=state.last_seq, closed=state.terminal, task_id=self.task_id,
         )
-        return True
 
     async def _continue(self, error: BaseException) -> bool:
         """After a lost connection: wait for the database while the lease can be trusted,
@@ -255,6 +261,7 @@ class TaskRun:
                 await self.append([ev.RunInterrupted(
                     error_type=type(error).__name__, error=self.redact_text(str(error))[:500],
                     worker_id=self.worker.worker_id)])
+                self._new_journal()
                 return True
             except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
                 await asyncio.sleep(delay_s)
