@@ -26,7 +26,11 @@ def register(engine: Engine) -> None:
     book = ledger.transaction("book", result=lambda a: {"booked": a["n"]})
     charge = ledger.service("charge", kind="lookup", result=lambda a: {"charged": a["n"] * 10})
     notify = ledger.service("notify", kind="unsafe", result=lambda a: {"sent": a["n"]})
-    quick = RetryPolicy(max_attempts=3, initial_delay_s=0.01)
+    # The fakes keep their counts in the database the faults restart: a fake's own pooled
+    # connections die with it and fail one delivery each. A run now goes on in place after
+    # a lost connection (no lease expiry in between), so the backoff, not the lease TTL,
+    # must span a restart: up to ~3 s over 8 attempts.
+    quick = RetryPolicy(max_attempts=8, initial_delay_s=0.05, max_delay_s=1.0)
 
     @engine.agent(AGENT)
     async def ledgered(ctx: AgentContext, task_input: Any) -> Any:
