@@ -27,6 +27,8 @@
 --                     recorded in the log (signal_received events), so rows never change.
 -- wal_tenants         one row per tenant: its task count and an optional cap on it
 --                     (wal_count_task, a trigger on wal_tasks, keeps and checks it).
+-- wal_tenant_roles    login role -> tenant, written by the owner only (wal_engine.tenants):
+--                     the source of truth of row security for runtime roles.
 --
 -- Tenancy
 -- -------
@@ -35,10 +37,12 @@
 -- would reveal another tenant's task id through a unique violation). The tenant is the
 -- setting `wal.tenant`, which the engine sends in the startup packet of each of its
 -- connections (docs/architecture.md, decision 23): the column defaults to it (an unset
--- tenant makes an INSERT fail), row-level security is enabled AND forced on each table
--- with one policy `tenant = current_setting('wal.tenant', true)` (an unset tenant sees
--- nothing and writes nothing), and, because superusers bypass row security, every
--- statement and function also filters on the tenant itself. NOTIFY payloads carry only
+-- tenant makes an INSERT fail), and, because superusers bypass row security, every
+-- statement and function also filters on the tenant itself. Row-level security is
+-- enabled AND forced on each table with one policy whose tenant comes from the login role
+-- (wal_tenant_roles, decision 30), so for a runtime role the setting can only narrow what
+-- it sees to nothing; only roles that could take the owner's rights anyway name their
+-- tenant by the setting. NOTIFY payloads carry only
 -- the tenant's wake token (wal_wake_token), never a task id.
 --
 -- Functions
@@ -55,6 +59,11 @@
 -- wal_wake_token()           the opaque NOTIFY payload of the current tenant.
 -- wal_count_task()           trigger: count a tenant's tasks, refuse one past its cap.
 -- wal_add_llm_spend(cost)    add a recorded LLM call's cost to the tenant's spend.
+-- wal_save_snapshot(...)     write a snapshot and prune the older ones (one statement).
+-- wal_delete_snapshots(task) drop a task's snapshots (derived data).
+-- wal_release_key(...)       delete a released idempotency claim. These three run with the
+--                            owner's rights so that runtime roles hold no table-level
+--                            DELETE (which would let them LOCK a shared table in any mode).
 --
 -- Engine errors raised in SQL use custom SQLSTATEs (class WE), mapped to Python exceptions in
 -- wal_engine/store/sqlstate.py:
@@ -333,11 +342,49 @@ INSERT INTO wal_tenants AS k (tenant, tasks)
 SELECT t.tenant, count(*) FROM wal_tasks t GROUP BY t.tenant
 ON CONFLICT (tenant) DO UPDATE SET tasks = EXCLUDED.tasks WHERE k.tasks <> EXCLUDED.tasks;
 
+-- ------------------------------------------------- tenant roles (isolation, issue 16)
+-- Each tenant's engines log in as a role of their own (wal_engine.tenants provisions it);
+-- this table, written only by the owner, maps that login role to its tenant. Row security
+-- keys on it through session_user, which no statement of the session can change (SET ROLE
+-- changes current_user only, and SECURITY DEFINER functions run as their owner with the
+-- caller still the session user), never on a setting the session could SET
+-- (docs/architecture.md, decision 30).
+CREATE TABLE IF NOT EXISTS wal_tenant_roles (
+    role_name  name NOT NULL,
+    tenant     text NOT NULL
+               CONSTRAINT wal_tenant_roles_tenant_format
+               CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    enabled    boolean NOT NULL DEFAULT true,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    rotated_at timestamptz,
+    CONSTRAINT wal_tenant_roles_pkey PRIMARY KEY (role_name),
+    CONSTRAINT wal_tenant_roles_one_per_tenant UNIQUE (tenant)
+);
+-- A runtime role reads its own row only (the list of tenants is the owner's business).
+-- Not forced: the owner, and so the SECURITY DEFINER functions, read every row.
+ALTER TABLE wal_tenant_roles ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS wal_tenant_roles_own ON wal_tenant_roles;
+CREATE POLICY wal_tenant_roles_own ON wal_tenant_roles USING (role_name = session_user);
+
 -- Row-level security: enabled and forced (the owner, and so the owner-run SECURITY
--- DEFINER functions and views, are filtered too). An unset tenant compares with NULL.
+-- DEFINER functions and views, are filtered too). The tenant of a session is the one its
+-- login role (session_user) is mapped to, while that mapping is enabled. Only a session
+-- whose login role could take the owner's rights anyway (a superuser, a member of the
+-- owner role) or bypasses row security anyway (BYPASSRLS) names its tenant by the
+-- setting wal.tenant: the development and embedded setups, migrations, the test suite.
+-- Any other role sees and writes nothing. The expression is stored parsed (the tables by
+-- OID), so no search_path can redirect it; each subquery runs once per statement.
 DO $policies$
 DECLARE
     item text;
+    session_tenant text := $tenant$(SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        (SELECT current_setting('wal.tenant', true) FROM pg_class c
+          WHERE c.oid = 'wal_tenant_roles'::regclass
+            AND (pg_has_role(session_user, c.relowner, 'MEMBER')
+                 OR EXISTS (SELECT 1 FROM pg_roles r
+                             WHERE r.rolname = session_user AND r.rolbypassrls)))))$tenant$;
 BEGIN
     FOREACH item IN ARRAY ARRAY['wal_tasks', 'wal_events', 'wal_snapshots',
                                 'wal_snapshot_segments', 'wal_idempotency', 'wal_signals',
@@ -346,9 +393,8 @@ BEGIN
         EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
         EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
         EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
-                       'USING (tenant = current_setting(%L, true)) '
-                       'WITH CHECK (tenant = current_setting(%L, true))',
-                       item, 'wal.tenant', 'wal.tenant');
+                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
+                       item, session_tenant, session_tenant);
     END LOOP;
 END;
 $policies$;
@@ -727,6 +773,87 @@ BEGIN
     PERFORM pg_notify('wal_engine_done', wal_wake_token());
     RETURN true;
 END;
+$$;
+
+-- ------------------------------------------- deletions with the owner's rights (issue 16)
+-- LOCK TABLE in any mode stronger than ROW EXCLUSIVE needs table-level UPDATE, DELETE or
+-- TRUNCATE: a runtime role holding DELETE on a table shared by all tenants could lock it
+-- ACCESS EXCLUSIVE and stall every other tenant. So runtime roles hold no table-level
+-- DELETE; the three statements that delete run here, as the owner (security.sql makes them
+-- SECURITY DEFINER), still filtered to the caller's tenant by the policies.
+
+-- Write a snapshot in one statement (the statement and its reasoning: SAVE_SNAPSHOT's
+-- comment in wal_engine/resume.py): new segments, the row, pruning of older snapshots and
+-- of segments no remaining snapshot refers to.
+CREATE OR REPLACE FUNCTION wal_save_snapshot(
+    p_task_id text, p_seq bigint, p_state bytea, p_state_format smallint, p_keep integer,
+    p_digests bytea[], p_fields text[], p_ordinals int4[], p_new_digests bytea[],
+    p_data bytea[]
+) RETURNS TABLE (inserted bigint, pruned bigint, segments_written bigint,
+                 segments_pruned bigint, missing bigint)
+LANGUAGE sql AS $$
+WITH missing AS (
+    SELECT count(*) AS n FROM unnest(p_digests) AS r(digest)
+     WHERE r.digest <> ALL (p_new_digests)
+       AND NOT EXISTS (SELECT 1 FROM wal_snapshot_segments g
+                        WHERE g.tenant = current_setting('wal.tenant', true)
+                          AND g.task_id = p_task_id AND g.digest = r.digest)
+), segments AS (
+    INSERT INTO wal_snapshot_segments (task_id, field, ordinal, digest, data)
+    SELECT p_task_id, n.field, n.ordinal, n.digest, n.data
+      FROM unnest(p_fields, p_ordinals, p_new_digests, p_data) AS n(field, ordinal, digest, data)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), inserted AS (
+    INSERT INTO wal_snapshots (task_id, seq, state, state_format, segments)
+    SELECT p_task_id, p_seq, p_state, p_state_format, p_digests FROM missing WHERE missing.n = 0
+    ON CONFLICT (tenant, task_id, seq) DO NOTHING
+    RETURNING seq
+), kept AS (
+    SELECT s.seq FROM wal_snapshots s
+     WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = p_task_id
+       AND s.seq < p_seq
+     ORDER BY s.seq DESC
+     LIMIT p_keep - 1
+), pruned AS (
+    DELETE FROM wal_snapshots s
+     WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = p_task_id
+       AND s.seq < p_seq AND s.seq NOT IN (SELECT k.seq FROM kept k)
+       AND (SELECT n FROM missing) = 0
+    RETURNING s.seq
+), unreferenced AS (
+    DELETE FROM wal_snapshot_segments g
+     WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = p_task_id
+       AND (SELECT n FROM missing) = 0
+       AND g.digest <> ALL (p_digests)
+       AND NOT EXISTS (SELECT 1 FROM wal_snapshots s
+                        WHERE s.tenant = current_setting('wal.tenant', true)
+                          AND s.task_id = p_task_id AND g.digest = ANY (s.segments)
+                          AND s.seq NOT IN (SELECT p.seq FROM pruned p))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM pruned),
+       (SELECT count(*) FROM segments), (SELECT count(*) FROM unreferenced),
+       (SELECT n FROM missing)
+$$;
+
+-- Drop every snapshot of a task (derived data; the next resume folds the whole log).
+CREATE OR REPLACE FUNCTION wal_delete_snapshots(p_task_id text) RETURNS void
+LANGUAGE sql AS $$
+WITH snapshots AS (DELETE FROM wal_snapshots
+                    WHERE tenant = current_setting('wal.tenant', true) AND task_id = p_task_id
+                    RETURNING 1)
+DELETE FROM wal_snapshot_segments
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = p_task_id
+$$;
+
+-- Release a running idempotency claim of this owner and epoch (the effect did not act).
+CREATE OR REPLACE FUNCTION wal_release_key(p_key text, p_owner text, p_epoch bigint)
+RETURNS void
+LANGUAGE sql AS $$
+DELETE FROM wal_idempotency
+ WHERE tenant = current_setting('wal.tenant', true) AND key = p_key AND owner = p_owner
+   AND epoch = p_epoch AND state = 'running'
 $$;
 
 INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;

@@ -16,10 +16,15 @@
 --                                     refuse (WE002). It could DISABLE those triggers, and
 --                                     a superuser can do anything: the hash chain plus an
 --                                     external anchor (wal_engine.anchor) make that evident.
--- application role (default          LOGIN (or grant it to the service's login role).
--- engine_app)                         Not superuser, not BYPASSRLS, owns nothing, is not a
---                                     member of the owner role; statement_timeout and
---                                     idle_in_transaction_session_timeout are set on it.
+-- application role (default          NOLOGIN since issue 16: the group that holds the
+-- engine_app)                         runtime's privileges. Each tenant logs in as a role of
+--                                     its own, a member of this group, provisioned by
+--                                     wal_engine.tenants (wal-engine tenant create), mapped
+--                                     to its tenant in wal_tenant_roles; row security keys on
+--                                     that mapping (schema.sql). Not superuser, not
+--                                     BYPASSRLS, owns nothing, not a member of the owner
+--                                     role. A group without logins has no backends, so its
+--                                     members cannot signal one another's sessions.
 --   wal_events                        SELECT, INSERT: the log is append-only for it.
 --   wal_events_json                   SELECT.
 --   wal_tasks                         SELECT, INSERT; UPDATE of the head, status, wake and
@@ -28,21 +33,35 @@
 --                                     docs/architecture.md; the state-machine trigger
 --                                     checks every status move). Never lease_epoch (the
 --                                     fencing token), attempts, agent, budget or ids.
---   wal_idempotency                   SELECT, INSERT, DELETE; UPDATE of the claim and
---                                     outcome columns: the dedup table is a work table
---                                     (a released claim is deleted), not the log.
---   wal_snapshots                     SELECT, INSERT, DELETE: derived data, pruned.
---   wal_snapshot_segments             SELECT, INSERT, DELETE: derived data, pruned.
+--   wal_idempotency                   SELECT, INSERT; UPDATE of the claim and outcome
+--                                     columns; a released claim is deleted by
+--                                     wal_release_key.
+--   wal_snapshots                     SELECT, INSERT: derived data, pruned by
+--                                     wal_save_snapshot and wal_delete_snapshots.
+--   wal_snapshot_segments             SELECT, INSERT (likewise).
+--   wal_tenant_roles                  SELECT (row security: its own row only).
+--   table-level UPDATE, DELETE,       none on any table: with one of them, LOCK TABLE
+--   TRUNCATE                          takes any mode (ACCESS EXCLUSIVE included) and could
+--                                     stall every tenant; SELECT and INSERT allow only
+--                                     ACCESS SHARE and ROW EXCLUSIVE, which conflict with
+--                                     nothing the runtime takes (column UPDATE grants do
+--                                     not count for LOCK TABLE).
+--   advisory locks                    EXECUTE on pg_catalog's advisory-lock functions is
+--                                     revoked from PUBLIC in this database and granted to
+--                                     the owner: a runtime role can neither take the schema
+--                                     lock nor block anything else on one.
 --   wal_signals                       SELECT: signals are written by wal_send_signal only.
 --   wal_tenants                       SELECT: task counts are kept by wal_count_task (a
 --                                     SECURITY DEFINER trigger), caps set by the owner.
 --   row-level security                every table above but wal_transitions and
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
---                                     rows of the tenant its session names (wal.tenant).
+--                                     rows of the tenant its login role is mapped to.
 --   wal_schema_version, wal_transitions  SELECT.
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
---                                     wal_send_signal, wal_cancel_task (SECURITY DEFINER,
+--                                     wal_send_signal, wal_cancel_task, wal_add_llm_spend,
+--                                     wal_save_snapshot, wal_delete_snapshots,
+--                                     wal_release_key (SECURITY DEFINER,
 --                                     owned by the owner role, search_path fixed to this
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
@@ -57,8 +76,6 @@ DO $security$
 DECLARE
     owner_role  text := current_setting('wal_engine.owner_role');
     app_role    text := current_setting('wal_engine.app_role');
-    app_statement_timeout text := current_setting('wal_engine.app_statement_timeout');
-    app_idle_timeout      text := current_setting('wal_engine.app_idle_timeout');
     schema_name text := current_schema();
     schema_oid  oid := (SELECT n.oid FROM pg_namespace n WHERE n.nspname = current_schema());
     fixed_path  text := format('%I, pg_temp', current_schema());
@@ -77,20 +94,20 @@ BEGIN
     EXECUTE format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
                    'NOREPLICATION', owner_role);
     BEGIN
-        EXECUTE format('CREATE ROLE %I LOGIN', app_role);
+        EXECUTE format('CREATE ROLE %I NOLOGIN', app_role);
     EXCEPTION WHEN duplicate_object THEN
         NULL;
     END;
-    EXECUTE format('ALTER ROLE %I NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
+    -- NOLOGIN: tenants log in as roles of their own (wal_engine.tenants), members of it.
+    EXECUTE format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
                    'NOREPLICATION', app_role);
     IF pg_has_role(app_role, owner_role, 'MEMBER') THEN
         RAISE EXCEPTION 'role % is a member of the owner role %', app_role, owner_role
             USING ERRCODE = '42501';
     END IF;
-    EXECUTE format('ALTER ROLE %I SET statement_timeout = %L', app_role,
-                   app_statement_timeout);
-    EXECUTE format('ALTER ROLE %I SET idle_in_transaction_session_timeout = %L', app_role,
-                   app_idle_timeout);
+    -- The group's own defaults would apply to no session (a member's sessions take the
+    -- member's): the engine sets what it depends on at connection start (decision 30).
+    EXECUTE format('ALTER ROLE %I RESET ALL', app_role);
 
     -- Database and schema ---------------------------------------------------------------------
     EXECUTE format('REVOKE CREATE, TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
@@ -136,9 +153,11 @@ BEGIN
     EXECUTE format('GRANT UPDATE (head_seq, head_hash, status, status_path, updated_at, '
                    'wake_at, waiting_signal, lease_owner, lease_expires_at) ON wal_tasks TO %I',
                    app_role);
-    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_snapshots TO %I', app_role);
-    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_snapshot_segments TO %I', app_role);
-    EXECUTE format('GRANT SELECT, INSERT, DELETE ON wal_idempotency TO %I', app_role);
+    -- No table-level DELETE (nor UPDATE, TRUNCATE): see the map above, LOCK TABLE.
+    EXECUTE format('GRANT SELECT, INSERT ON wal_snapshots TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT ON wal_snapshot_segments TO %I', app_role);
+    EXECUTE format('GRANT SELECT, INSERT ON wal_idempotency TO %I', app_role);
+    EXECUTE format('GRANT SELECT ON wal_tenant_roles TO %I', app_role);
     EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
                    'completed_at) ON wal_idempotency TO %I', app_role);
 
@@ -147,7 +166,8 @@ BEGIN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
-                             'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend')
+                             'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend',
+                             'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',
@@ -173,6 +193,19 @@ BEGIN
          WHERE p.pronamespace = schema_oid AND p.proname IN ('wal_event_hash', 'wal_wake_token')
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+    END LOOP;
+
+    -- Advisory locks (issue 16) ------------------------------------------------------------
+    -- Anyone may take any advisory lock by default; a runtime role holding the schema lock
+    -- stalled every connect. Function privileges are per database: here only the owner
+    -- (migrations, the LangGraph set-up) and superusers keep them.
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature FROM pg_proc p
+         WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname LIKE 'pg\_%advisory%'
+         ORDER BY 1
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', item.signature);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, owner_role);
     END LOOP;
 END;
 $security$;

@@ -263,3 +263,13 @@ class ForkPointInvalid(InvalidInput):
         self.task_id = task_id
         self.at_seq = at_seq
         self.reason = reason
+
+
+class TenantRoleRefused(ConfigurationError):
+    """The role the engine logged in as cannot serve the tenant asked for: it is no
+    tenant's role (row security would show it nothing), its tenant is disabled, or it is
+    the role of another tenant (``docs/security.md``, tenant roles)."""
+
+    def __init__(self, role: str, reason: str) -> None:
+        super().__init__(reason)
+        self.role = role

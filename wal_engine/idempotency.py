@@ -79,11 +79,9 @@ INSERT_TRANSACTION_KEY: Final = """
 INSERT INTO wal_idempotency (key, task_id, state, owner, epoch) VALUES ($1, $2, 'running', $3, $4)
 """
 
-RELEASE_KEY: Final = """
-DELETE FROM wal_idempotency
- WHERE tenant = current_setting('wal.tenant', true) AND key = $1 AND owner = $2 AND epoch = $3
-   AND state = 'running'
-"""
+# wal_release_key (schema.sql) deletes the claim with the owner's rights: runtime roles
+# hold no DELETE on shared tables (docs/architecture.md, decision 30).
+RELEASE_KEY: Final = "SELECT wal_release_key($1, $2, $3)"
 
 
 class StaleEpoch(WalError):

@@ -36,5 +36,9 @@ administrator may set one in ``wal_tenants.tasks_max``)."""
 pool_size_min: Final = 1
 pool_size_max: Final = 20
 statement_timeout_ms: Final = 30_000
+"""``statement_timeout`` of every engine session, sent at connection start."""
+idle_in_transaction_timeout_ms: Final = 60_000
+"""``idle_in_transaction_session_timeout`` of every engine session, sent at connection
+start."""
 connect_timeout_s: Final = 10.0
 command_timeout_s: Final = 60.0

@@ -129,59 +129,15 @@ SELECT seq, type, version, payload, hash FROM wal_events
 # neither sent nor already stored is "missing", and then nothing but the sent segments is
 # written (the caller sends them all and tries again). In steady state the DELETEs remove
 # at most one snapshot row and the segments only it referred to (a segment that changed).
+# The statement is the body of wal_save_snapshot (schema.sql), which runs with the owner's
+# rights: runtime roles hold no DELETE on shared tables (docs/architecture.md, decision 30).
 SAVE_SNAPSHOT: Final = """
-WITH missing AS (
-    SELECT count(*) AS n FROM unnest($6::bytea[]) AS r(digest)
-     WHERE r.digest <> ALL ($9::bytea[])
-       AND NOT EXISTS (SELECT 1 FROM wal_snapshot_segments g
-                        WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = $1
-                          AND g.digest = r.digest)
-), segments AS (
-    INSERT INTO wal_snapshot_segments (task_id, field, ordinal, digest, data)
-    SELECT $1, n.field, n.ordinal, n.digest, n.data
-      FROM unnest($7::text[], $8::int4[], $9::bytea[], $10::bytea[])
-           AS n(field, ordinal, digest, data)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-), inserted AS (
-    INSERT INTO wal_snapshots (task_id, seq, state, state_format, segments)
-    SELECT $1, $2, $3, $4, $6 FROM missing WHERE missing.n = 0
-    ON CONFLICT (tenant, task_id, seq) DO NOTHING
-    RETURNING seq
-), kept AS (
-    SELECT seq FROM wal_snapshots
-     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
-     ORDER BY seq DESC
-     LIMIT $5 - 1
-), pruned AS (
-    DELETE FROM wal_snapshots
-     WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < $2
-       AND seq NOT IN (SELECT seq FROM kept) AND (SELECT n FROM missing) = 0
-    RETURNING seq
-), unreferenced AS (
-    DELETE FROM wal_snapshot_segments g
-     WHERE g.tenant = current_setting('wal.tenant', true) AND g.task_id = $1
-       AND (SELECT n FROM missing) = 0
-       AND g.digest <> ALL ($6::bytea[])
-       AND NOT EXISTS (SELECT 1 FROM wal_snapshots s
-                        WHERE s.tenant = current_setting('wal.tenant', true) AND s.task_id = $1
-                          AND g.digest = ANY (s.segments)
-                          AND s.seq NOT IN (SELECT seq FROM pruned))
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM pruned) AS pruned,
-       (SELECT count(*) FROM segments) AS segments_written,
-       (SELECT count(*) FROM unreferenced) AS segments_pruned,
-       (SELECT n FROM missing) AS missing
+SELECT inserted, pruned, segments_written, segments_pruned, missing
+  FROM wal_save_snapshot($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 """
 
-DELETE_SNAPSHOTS: Final = """
-WITH snapshots AS (DELETE FROM wal_snapshots
-                    WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
-                    RETURNING 1)
-DELETE FROM wal_snapshot_segments
- WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
-"""
+# wal_delete_snapshots (schema.sql): the task's snapshots and segments, as the owner.
+DELETE_SNAPSHOTS: Final = "SELECT wal_delete_snapshots($1)"
 
 LATEST_SNAPSHOT_SEQ: Final = """
 SELECT max(seq) AS seq FROM wal_snapshots

@@ -21,9 +21,10 @@ from wal_engine.errors import (
     DatabaseUnavailable,
     SchemaMismatch,
     TaskQuotaExceeded,
+    TenantRoleRefused,
 )
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
-from wal_engine.security import enforce_runtime_role
+from wal_engine.security import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
 
 log = structlog.get_logger(__name__)
@@ -106,14 +107,39 @@ def resolve_tenant(tenant: str | None = None) -> str:
     return validate_tenant(tenant)
 
 
+def requested_tenant(tenant: str | None = None) -> str | None:
+    """The tenant argument, else ``WAL_ENGINE_TENANT``, validated; None when neither names
+    one (a tenant role then serves the tenant it is mapped to)."""
+    if tenant is None:
+        tenant = os.environ.get(TENANT_ENV) or None
+    return None if tenant is None else validate_tenant(tenant)
+
+
 def session_settings(tenant: str, application_name: str, *,
-                     tasks_max: int | None = None) -> dict[str, str]:
+                     tasks_max: int | None = None,
+                     required: dict[str, str] | None = None) -> dict[str, str]:
     """The startup parameters of an engine connection: its tenant (and cap), bound for the
-    session's life at no round trip (``docs/architecture.md``, decision 23)."""
-    settings = {"application_name": application_name, TENANT_SETTING: validate_tenant(tenant)}
+    session's life at no round trip (``docs/architecture.md``, decision 23), and the
+    settings the engine depends on (``required``, default
+    :func:`wal_engine.security.required_settings`), which win over any role or database
+    default (decision 30)."""
+    settings = dict(required_settings() if required is None else required)
+    settings.update({"application_name": application_name,
+                     TENANT_SETTING: validate_tenant(tenant)})
     if tasks_max is not None:
         settings[TASKS_MAX_SETTING] = str(int(tasks_max))
     return settings
+
+
+def dsn_requests_read_only(dsn: str) -> bool:
+    """Whether the DSN asks for read-only transactions (``default_transaction_read_only=on``
+    in its query, as ``wal-engine replay`` does): the engine then keeps them read-only."""
+    try:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query)
+    except ValueError:
+        return False
+    values = query.get("default_transaction_read_only", [])
+    return bool(values) and values[-1].strip().lower() in ("on", "true", "yes", "1")
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -168,8 +194,11 @@ async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -
     whether the DDL ran.
     """
     text = schema_sql()
-    checksum = hashlib.sha256(text.encode()).hexdigest()
+    checksum = schema_checksum()
     async with connection.transaction():
+        # The owner's business: not bound by the engine session's statement_timeout (an
+        # index rebuilt under the lock may take longer).
+        await connection.execute(queries.MIGRATION_TIMEOUTS)
         await connection.execute(queries.SCHEMA_LOCK)
         if not force and await _schema_current(connection, checksum):
             return False
@@ -178,6 +207,11 @@ async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -
         await connection.execute(text)
         await connection.execute(queries.RECORD_SCHEMA_CHECKSUM, SCHEMA_VERSION, checksum)
     return True
+
+
+def schema_checksum() -> str:
+    """The sha256 (hex) of ``schema.sql``, recorded when it is applied."""
+    return hashlib.sha256(schema_sql().encode()).hexdigest()
 
 
 async def _schema_current(connection: asyncpg.Connection, checksum: str) -> bool:
@@ -215,7 +249,8 @@ class Database:
     """A pool plus the error translation every statement goes through."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str, *, tenant: str = DEFAULT_TENANT,
-                 tasks_max: int | None = None) -> None:
+                 tasks_max: int | None = None,
+                 required: dict[str, str] | None = None) -> None:
         self.pool = pool
         self.dsn = dsn
         self.dsn_redacted = redact_dsn(dsn)
@@ -223,10 +258,13 @@ class Database:
         """The one tenant every connection of this database is bound to."""
         self.tasks_max = tasks_max
         """The engine's cap on the tenant's tasks (None: only the administrator's)."""
+        self.required = required_settings() if required is None else dict(required)
+        """The settings every connection sends at its start (decision 30)."""
 
     def session_settings(self, application_name: str) -> dict[str, str]:
         """Startup parameters for another connection of this database (same tenant)."""
-        return session_settings(self.tenant, application_name, tasks_max=self.tasks_max)
+        return session_settings(self.tenant, application_name, tasks_max=self.tasks_max,
+                                required=self.required)
 
     @classmethod
     async def open(
@@ -248,20 +286,31 @@ class Database:
         The self-test (:mod:`wal_engine.security`) refuses a superuser, a BYPASSRLS role or
         an owner of the log unless ``development`` is true; None decides from the setup
         (the embedded server and ``WAL_ENGINE_DEVELOPMENT=1`` are development setups).
-        Every connection is bound to ``tenant`` (default ``WAL_ENGINE_TENANT``, else
-        ``"default"``) by a startup parameter; ``tasks_max`` caps the tenant's tasks.
+        Every connection is bound to ``tenant`` by a startup parameter, and sends the
+        settings the engine depends on (:func:`wal_engine.security.required_settings`).
+        A tenant's own login role (:mod:`wal_engine.tenants`) serves the tenant it is
+        mapped to: ``tenant`` (default ``WAL_ENGINE_TENANT``) may only repeat it. Other
+        roles serve ``tenant`` (default ``"default"``); a role that is neither mapped nor
+        able to take the owner's rights would see nothing and is refused. Only a role that
+        could take the owner's rights migrates; ``tasks_max`` caps the tenant's tasks.
         """
-        tenant = resolve_tenant(tenant)
+        requested = requested_tenant(tenant)
         if tasks_max is not None and tasks_max < 0:
             raise ConfigurationError("tasks_max must be >= 0")
         embedded_dsn = not dsn and not os.environ.get(DSN_ENV)
         resolved = await resolve_dsn(dsn)
-        first = await _connect_once(
-            resolved, session_settings(tenant, application_name, tasks_max=tasks_max))
+        required = required_settings(synchronous_commit=require_synchronous_commit,
+                                     read_only=dsn_requests_read_only(resolved))
+        first = await _connect_once(resolved, session_settings(
+            requested or DEFAULT_TENANT, application_name, tasks_max=tasks_max,
+            required=required))
         try:
-            await enforce_runtime_role(first, development=development, embedded_dsn=embedded_dsn,
-                                       require_synchronous_commit=False)
-            await _prepare_database(first, migrate, require_synchronous_commit)
+            report = await enforce_runtime_role(
+                first, development=development, embedded_dsn=embedded_dsn,
+                require_synchronous_commit=False, required=required)
+            chosen = await _tenant_of_role(first, report, requested)
+            await _prepare_database(first, resolved, migrate, report.may_administer,
+                                    require_synchronous_commit)
         finally:
             await first.close()
         try:
@@ -271,14 +320,14 @@ class Database:
                 max_size=max_size,
                 timeout=limits.connect_timeout_s,
                 command_timeout=limits.command_timeout_s,
-                server_settings=session_settings(tenant, application_name,
-                                                 tasks_max=tasks_max),
+                server_settings=session_settings(chosen, application_name,
+                                                 tasks_max=tasks_max, required=required),
                 reset=_release_connection,
             )
         except CONNECTION_ERRORS as error:
             raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
         assert pool is not None
-        return cls(pool, resolved, tenant=tenant, tasks_max=tasks_max)
+        return cls(pool, resolved, tenant=chosen, tasks_max=tasks_max, required=required)
 
     async def close(self) -> None:
         """Close the pool (waits for connections in use to be released)."""
@@ -334,11 +383,50 @@ class Database:
         return rows[0] if rows else None
 
 
+async def _tenant_of_role(connection: asyncpg.Connection, report: RoleReport,
+                          requested: str | None) -> str:
+    """The tenant this engine serves: the one its login role is mapped to, else (for a
+    role that may name its tenant by the setting) the requested one or ``"default"``."""
+    mapped = None
+    if await connection.fetchval(queries.TENANT_ROLES_PRESENT):
+        mapped = await connection.fetchrow(queries.TENANT_OF_ROLE)
+    if mapped is None:
+        if report.may_administer or report.bypassrls:
+            return requested or DEFAULT_TENANT
+        raise TenantRoleRefused(
+            report.role, f"role {report.role!r} is not the login role of a tenant of this "
+            "database, so row security shows it nothing: connect as a tenant's role "
+            "(`wal-engine tenant create TENANT`, docs/security.md)")
+    tenant = str(mapped["tenant"])
+    if not mapped["enabled"]:
+        raise TenantRoleRefused(
+            report.role, f"tenant {tenant!r} is disabled (`wal-engine tenant enable`)")
+    if requested is not None and requested != tenant:
+        raise TenantRoleRefused(
+            report.role, f"role {report.role!r} is the login role of tenant {tenant!r}, "
+            f"not of {requested!r}")
+    return tenant
+
+
 async def _prepare_database(
-    connection: asyncpg.Connection, migrate: bool, require_synchronous_commit: bool
+    connection: asyncpg.Connection, dsn: str, migrate: bool, may_migrate: bool,
+    require_synchronous_commit: bool
 ) -> None:
-    if migrate:
-        await apply_schema(connection)
+    if migrate and may_migrate:
+        try:
+            await apply_schema(connection)
+        except asyncpg.PostgresError as error:
+            if error.sqlstate not in TRANSIENT_SQLSTATES:
+                raise
+            raise DatabaseUnavailable(
+                redact_dsn(dsn),
+                f"the schema could not be applied (SQLSTATE {error.sqlstate}: {error}); a "
+                "session holding a lock on the engine tables delays migrations") from error
+    elif migrate and not await _schema_current(connection, schema_checksum()):
+        # A runtime role never takes the schema lock nor runs DDL (the owner's business):
+        # it runs on the schema version it finds, checked below.
+        log.info("schema_not_applied", reason="the role may not migrate; run "
+                 "`wal-engine migrate` as the owner")
     found = await read_schema_version(connection)
     if found != SCHEMA_VERSION:
         raise SchemaMismatch(found, SCHEMA_VERSION)

@@ -38,6 +38,20 @@ LOCK TABLE wal_tasks, wal_events, wal_snapshots, wal_idempotency, wal_signals
 
 SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
 
+# A migration is the owner's: not bound by the engine session's timeouts (decision 30).
+MIGRATION_TIMEOUTS: Final = """
+SELECT set_config('statement_timeout', '0', true),
+       set_config('idle_in_transaction_session_timeout', '0', true)
+"""
+
+TENANT_ROLES_PRESENT: Final = "SELECT to_regclass('wal_tenant_roles') IS NOT NULL"
+
+# The tenant the login role is mapped to (row security lets a runtime role read only its
+# own row of wal_tenant_roles).
+TENANT_OF_ROLE: Final = """
+SELECT tenant, enabled FROM wal_tenant_roles WHERE role_name = session_user
+"""
+
 # Submission: the task row and its first event (seq 1) in one statement. An existing task
 # id yields no row; the caller then reads seq 1 back to decide between "same submission"
 # (idempotent) and "different task under the same id".
