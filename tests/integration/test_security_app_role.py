@@ -1,9 +1,11 @@
-"""The store, runtime, resume/fork and idempotency suites again, connected as the
-application role of security.sql (issue 9: "the whole existing test suite still passes
-when the engine connects as the application role").
+"""The store, runtime, resume/fork and idempotency suites again, connected as a tenant's
+login role, a member of the application role of security.sql (issue 9: "the whole
+existing test suite still passes when the engine connects as the application role";
+issue 16: each tenant logs in as a role of its own).
 
 The test functions are those of the suites themselves; only the ``database_dsn`` fixture
-differs: the fresh database gets security.sql, and the DSN logs in as the app role. Tests
+differs: the fresh database gets security.sql, and the DSN logs in as the role of tenant
+"default". Tests
 that need privileges the runtime never has (they create tables or rewrite the log on
 purpose) are left out, each with its reason.
 """
@@ -14,11 +16,10 @@ from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
-import asyncpg
 import pytest_asyncio
 
 from tests.integration import test_idempotency, test_resume_fork, test_runtime, test_store
-from wal_engine.security import APP_ROLE, apply_security, dsn_for_role
+from tests.integration.tenant_roles import TenantRoles, secure
 from wal_engine.testing.postgres import DatabaseFactory
 
 NEEDS_PRIVILEGES: dict[str, str] = {
@@ -26,6 +27,10 @@ NEEDS_PRIVILEGES: dict[str, str] = {
                                         "first (test_security_roles S1/S2)",
     "test_schema_is_idempotent_and_versioned": "drops a table: migrations run as the owner",
     "test_transactional_effect_is_exactly_once_under_concurrency": "creates a table",
+    "test_missing_or_altered_segment_makes_resume_raise": "deletes snapshot segments "
+    "directly: runtime roles hold no DELETE (LOCK TABLE in any mode, issue 16)",
+    "test_worker_drops_a_corrupt_snapshot_and_folds_the_log": "deletes snapshot segments "
+    "directly, likewise",
 }
 
 
@@ -46,12 +51,11 @@ for _module in (test_store, test_runtime, test_resume_fork, test_idempotency):
 
 @pytest_asyncio.fixture
 async def database_dsn(database_factory: DatabaseFactory) -> AsyncIterator[str]:
-    """A fresh database with security.sql applied; the DSN logs in as the app role."""
+    """A fresh database with security.sql applied; the DSN logs in as tenant "default"'s
+    role."""
     dsn = await database_factory.create()
-    admin = await asyncpg.connect(dsn)
-    try:
-        await apply_security(admin)
-    finally:
-        await admin.close()
-    yield dsn_for_role(dsn, APP_ROLE)
+    await secure(dsn)
+    roles = TenantRoles(dsn)
+    yield await roles.dsn("default")
+    await roles.close()
     await database_factory.drop(dsn)

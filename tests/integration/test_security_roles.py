@@ -15,6 +15,7 @@ import pytest_asyncio
 import structlog
 
 from tests.helpers import log_snapshot
+from tests.integration.tenant_roles import TenantRoles
 from wal_engine import events as ev
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import (
@@ -32,6 +33,7 @@ from wal_engine.security import (
     dsn_for_role,
 )
 from wal_engine.store import Database, Store
+from wal_engine.tenants import create_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -91,10 +93,10 @@ async def _secure(dsn: str, **options: Any) -> None:
 
 
 @pytest_asyncio.fixture
-async def app_dsn(database_dsn: str) -> str:
-    """The test database with security.sql applied; a DSN logging in as the app role."""
-    await _secure(database_dsn)
-    return dsn_for_role(database_dsn, APP_ROLE)
+async def app_dsn(tenant_roles: TenantRoles) -> str:
+    """The test database with security.sql applied; a DSN logging in as the role of tenant
+    "default" (a member of the application group, issue 16)."""
+    return await tenant_roles.dsn("default")
 
 
 @pytest_asyncio.fixture
@@ -243,14 +245,15 @@ async def test_s8_applied_database_holds_no_test_only_objects(app_dsn: str,
         await admin.close()
 
 
-async def test_s9_app_role_passes_the_self_test(app_dsn: str) -> None:
-    """S9: the application role is not superuser, not BYPASSRLS and owns nothing."""
+async def test_s9_app_role_passes_the_self_test(app_dsn: str,
+                                                tenant_roles: TenantRoles) -> None:
+    """S9: a tenant's role is not superuser, not BYPASSRLS and owns nothing."""
     connection = await asyncpg.connect(app_dsn)
     try:
         report = await check_runtime_role(connection)
     finally:
         await connection.close()
-    assert report.role == APP_ROLE
+    assert report.role == (await tenant_roles.create("default")).role
     assert (report.superuser, report.bypassrls, report.owned) == (False, False, [])
     assert report.problems() == []
 
@@ -288,11 +291,20 @@ async def test_s9_engine_refuses_superuser_owner_member_and_bypassrls(
 
 
 async def test_app_role_carries_statement_and_idle_timeouts(database_dsn: str) -> None:
-    """Limits: the app role's sessions get statement_timeout and
-    idle_in_transaction_session_timeout, and a statement over the limit is cancelled."""
-    await _secure(database_dsn, owner_role="engine_owner_limits", app_role="engine_app_limits",
-                  statement_timeout_ms=300, idle_in_transaction_timeout_ms=5000)
-    connection = await asyncpg.connect(dsn_for_role(database_dsn, "engine_app_limits"))
+    """Limits: a tenant's role carries statement_timeout and
+    idle_in_transaction_session_timeout as its own defaults (for sessions that are not an
+    engine's: engines send theirs at connection start), and a statement over the limit is
+    cancelled."""
+    await _secure(database_dsn, owner_role="engine_owner_limits", app_role="engine_app_limits")
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        credentials = await create_tenant(admin, "limited", dsn=database_dsn,
+                                          app_role="engine_app_limits",
+                                          statement_timeout_ms=300,
+                                          idle_in_transaction_timeout_ms=5000)
+    finally:
+        await admin.close()
+    connection = await asyncpg.connect(credentials.dsn)
     try:
         assert await connection.fetchval("SHOW statement_timeout") == "300ms"
         assert await connection.fetchval("SHOW idle_in_transaction_session_timeout") == "5s"
@@ -300,6 +312,12 @@ async def test_app_role_carries_statement_and_idle_timeouts(database_dsn: str) -
             await connection.execute("SELECT count(*) FROM generate_series(1, 1e9::bigint)")
     finally:
         await connection.close()
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        await admin.execute(f'DROP OWNED BY "{credentials.role}"')
+        await admin.execute(f'DROP ROLE "{credentials.role}"')
+    finally:
+        await admin.close()
 
 
 async def _schema_fingerprint(dsn: str) -> list[tuple[Any, ...]]:

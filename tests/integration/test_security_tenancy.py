@@ -1,7 +1,8 @@
-"""Multi-tenancy on real PostgreSQL (RELIABILITY.md S4, S5; issue 9), as the application
-role of security.sql, never as a superuser: a tenant sees and changes only its own rows
-through every API and SQL function, an unset tenant sees nothing, tenant ids are
-validated, the per-tenant caps hold, and a database of schema version 1 is migrated.
+"""Multi-tenancy on real PostgreSQL (RELIABILITY.md S4, S5; issues 9 and 16), as tenants'
+own login roles (wal_engine.tenants), never as a superuser: a tenant sees and changes only
+its own rows through every API and SQL function, a role mapped to no tenant sees nothing,
+tenant ids are validated, the per-tenant caps hold, and a database of schema version 1 is
+migrated. (tests/integration/test_security_isolation.py attacks with arbitrary SQL.)
 
 Superuser connections (plain ``asyncpg.connect(database_dsn)``, no tenant) are used only to
 take snapshots of every row of every tenant (superusers bypass row security).
@@ -29,18 +30,19 @@ from wal_engine import events as ev
 from wal_engine.anchor import AnchorInvalid, create_anchor, verify_anchor
 from wal_engine.chain import event_hash
 from wal_engine.engine import Engine, connect, wake_token
+from tests.integration.tenant_roles import TenantRoles
 from wal_engine.errors import (
     ConfigurationError,
     InvalidInput,
     InvalidTenant,
     PayloadTooLarge,
     TaskQuotaExceeded,
+    TenantRoleRefused,
     UnknownTask,
 )
 from wal_engine.idempotency import Claim
 from wal_engine.ids import validate_tenant
 from wal_engine.resume import resume, save_snapshot
-from wal_engine.security import APP_ROLE, apply_security, dsn_for_role
 from wal_engine.store import PendingAppend, queries
 from wal_engine.store.connection import SCHEMA_VERSION, apply_schema
 
@@ -78,20 +80,10 @@ async def _rows_of(database_dsn: str, tenant: str) -> dict[str, list[tuple[Any, 
         await connection.close()
 
 
-@pytest_asyncio.fixture
-async def app_dsn(database_dsn: str) -> str:
-    """The test database with security.sql applied; a DSN logging in as the app role."""
-    admin = await asyncpg.connect(database_dsn)
-    try:
-        await apply_security(admin)
-    finally:
-        await admin.close()
-    return dsn_for_role(database_dsn, APP_ROLE)
-
-
-async def _engine(app_dsn: str, tenant: str, **options: Any) -> Engine:
-    engine = await connect(app_dsn, migrate=False, pool_size_max=4, development=False,
-                           tenant=tenant, **options)
+async def _engine(roles: TenantRoles, tenant: str, **options: Any) -> Engine:
+    """An engine logged in as ``tenant``'s own role (which names its tenant)."""
+    engine = await connect(await roles.dsn(tenant), migrate=False, pool_size_max=4,
+                           development=False, tenant=tenant, **options)
 
     @engine.agent("echo")
     async def echo(ctx: Any, task_input: Any) -> Any:
@@ -101,10 +93,10 @@ async def _engine(app_dsn: str, tenant: str, **options: Any) -> Engine:
 
 
 @pytest_asyncio.fixture
-async def engines(app_dsn: str) -> AsyncIterator[tuple[Engine, Engine]]:
-    """Two engines as the app role: tenant A and tenant B."""
-    a = await _engine(app_dsn, TENANT_A)
-    b = await _engine(app_dsn, TENANT_B)
+async def engines(tenant_roles: TenantRoles) -> AsyncIterator[tuple[Engine, Engine]]:
+    """Two engines, each as its tenant's role: tenant A and tenant B."""
+    a = await _engine(tenant_roles, TENANT_A)
+    b = await _engine(tenant_roles, TENANT_B)
     yield a, b
     await a.close()
     await b.close()
@@ -134,9 +126,13 @@ async def _populate_a(a: Engine) -> dict[str, Any]:
     return {"head": await a.head("a-task"), "appended": appended}
 
 
-async def _app_connection(app_dsn: str, tenant: str | None) -> asyncpg.Connection:
-    settings = {} if tenant is None else {"wal.tenant": tenant}
-    return await asyncpg.connect(app_dsn, server_settings=settings)
+async def _app_connection(roles: TenantRoles, tenant: str | None) -> asyncpg.Connection:
+    """A raw session as ``tenant``'s role naming its tenant, or (None) as a role with the
+    runtime's privileges that is mapped to no tenant and names none."""
+    if tenant is None:
+        return await asyncpg.connect(await roles.stray_dsn())
+    return await asyncpg.connect(await roles.dsn(tenant),
+                                 server_settings={"wal.tenant": tenant})
 
 
 async def _sqlstate(connection: asyncpg.Connection, statement: str, *args: Any) -> str | None:
@@ -149,7 +145,7 @@ async def _sqlstate(connection: asyncpg.Connection, statement: str, *args: Any) 
 
 
 async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
-        engines: tuple[Engine, Engine], app_dsn: str, database_dsn: str) -> None:
+        engines: tuple[Engine, Engine], tenant_roles: TenantRoles, database_dsn: str) -> None:
     """S4: tenant A's tasks are invisible to tenant B through every API and SQL function,
     and nothing B does changes A's rows."""
     a, b = engines
@@ -215,7 +211,7 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
     assert effect_runs == ["B"]
 
     # The SQL functions and tables, called directly on B's session.
-    connection = await _app_connection(app_dsn, TENANT_B)
+    connection = await _app_connection(tenant_roles, TENANT_B)
     try:
         assert await connection.fetch("SELECT * FROM wal_claim_tasks('w', 10, 1000)") == []
         assert await connection.fetch("SELECT * FROM wal_break_leases(10)") == []
@@ -242,14 +238,22 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
             "INSERT INTO wal_signals (tenant, task_id, name, payload) "
             "VALUES ($1, 'a-task', 'n', '\\x00')": (TENANT_A,),
             "UPDATE wal_tasks SET tenant = $1 WHERE task_id = 'shared'": (TENANT_A,),
+            # No runtime role deletes directly (issue 16: DELETE would allow LOCK TABLE in
+            # every mode); the functions below delete, as the owner, within its tenant.
+            "DELETE FROM wal_idempotency WHERE tenant <> 'tenant-b'": (),
+            "DELETE FROM wal_snapshots WHERE task_id = 'a-task'": (),
         }
         for statement, args in refused.items():
             assert await _sqlstate(connection, statement, *args) == INSUFFICIENT_PRIVILEGE, \
                 statement
-        for statement in ("UPDATE wal_tasks SET lease_expires_at = now() WHERE task_id = 'a-task'",
-                          "DELETE FROM wal_idempotency WHERE tenant <> 'tenant-b'",
-                          "DELETE FROM wal_snapshots WHERE task_id = 'a-task'"):
-            assert await connection.execute(statement) in ("UPDATE 0", "DELETE 0"), statement
+        assert await connection.execute(
+            "UPDATE wal_tasks SET lease_expires_at = now() WHERE task_id = 'a-task'") == \
+            "UPDATE 0"
+        for function in ("SELECT wal_delete_snapshots('a-task')",
+                         "SELECT wal_release_key('k1', 'worker-a', 1)",
+                         "SELECT * FROM wal_save_snapshot('a-task', 99, '\\x00', 4::int2, 1,"
+                         " '{}', '{}', '{}', '{}', '{}')"):
+            assert await _sqlstate(connection, function) is None, function
     finally:
         await connection.close()
 
@@ -257,7 +261,7 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
     listed = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "wal_engine.cli", "--tenant", TENANT_B, "tasks", "--json",
-         "--dsn", app_dsn], capture_output=True, text=True, timeout=60, check=False)
+         "--dsn", await tenant_roles.dsn(TENANT_B)], capture_output=True, text=True, timeout=60, check=False)
     assert listed.returncode == 0, listed.stderr
     assert "a-task" not in listed.stdout
 
@@ -275,12 +279,12 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
 
 
 async def test_s4_notify_payloads_are_opaque_tenant_tokens(
-        engines: tuple[Engine, Engine], app_dsn: str) -> None:
+        engines: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
     """NOTIFY is not filtered by row security: payloads carry the tenant's opaque wake
     token (the SQL twin of engine.wake_token), never a task id."""
     a, b = engines
     payloads: list[str] = []
-    listener = await _app_connection(app_dsn, TENANT_B)
+    listener = await _app_connection(tenant_roles, TENANT_B)
     try:
         await listener.add_listener("wal_engine_wake",
                                     lambda *args: payloads.append(str(args[3])))
@@ -299,13 +303,14 @@ async def test_s4_notify_payloads_are_opaque_tenant_tokens(
 
 
 async def test_s5_unset_tenant_sees_nothing_and_writes_nothing(
-        engines: tuple[Engine, Engine], app_dsn: str, database_dsn: str) -> None:
-    """S5: an app-role session with no wal.tenant sees zero rows in every table, view and
-    function, and cannot insert."""
+        engines: tuple[Engine, Engine], tenant_roles: TenantRoles, database_dsn: str) -> None:
+    """S5: a session with the runtime's privileges whose role is mapped to no tenant sees
+    zero rows in every table, view and function, and cannot insert, whatever tenant it
+    names."""
     a, _ = engines
     await _populate_a(a)
     before = await _rows_of(database_dsn, TENANT_A)
-    connection = await _app_connection(app_dsn, None)
+    connection = await _app_connection(tenant_roles, None)
     try:
         assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") is None
         for table in (*TENANT_TABLES, "wal_events_json"):
@@ -325,10 +330,12 @@ async def test_s5_unset_tenant_sees_nothing_and_writes_nothing(
             connection, "INSERT INTO wal_tasks (tenant, task_id, agent, status, head_seq,"
                         " head_hash) VALUES ($1, 't', 'echo', 'QUEUED', 1, $2)",
             TENANT_A, bytes(32)) == INSUFFICIENT_PRIVILEGE
-        # A setting that was set and then reset (empty) is no tenant either.
+        # Naming a tenant by the setting shows nothing either (row security keys on the
+        # login role, issue 16), and a setting reset to empty is no tenant.
         async with connection.transaction():
             await connection.execute("SELECT set_config('wal.tenant', $1, true)", TENANT_A)
-            assert await connection.fetchval("SELECT count(*) FROM wal_tasks") == 2
+            assert await connection.fetchval("SELECT count(*) FROM wal_tasks") == 0
+            assert await connection.fetch(queries.READ_HEAD, "a-task") == []
         assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") == ""
         assert await connection.fetchval("SELECT count(*) FROM wal_tasks") == 0
     finally:
@@ -374,37 +381,56 @@ async def test_connect_refuses_bad_tenants_before_connecting(
         await connection.close()
 
 
-async def test_default_tenant_and_environment(app_dsn: str,
+async def test_default_tenant_and_environment(tenant_roles: TenantRoles, database_dsn: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """No tenant given: WAL_ENGINE_TENANT, else "default"; Engine.tenant says which."""
-    engine = await connect(app_dsn, migrate=False, development=False)
+    """A tenant's role serves its own tenant (WAL_ENGINE_TENANT may only repeat it); a
+    superuser (development) serves WAL_ENGINE_TENANT, else "default"; Engine.tenant says
+    which."""
+    engine = await connect(await tenant_roles.dsn("from-role"), migrate=False,
+                           development=False)
     try:
-        assert engine.tenant == engine.database.tenant == "default"
+        assert engine.tenant == engine.database.tenant == "from-role"
         # The binding is the session's reset value: RESET ALL (asyncpg's default pool
         # reset, or a careless caller) keeps it.
         async with engine.database.pool.acquire() as connection:
             await connection.execute("RESET ALL")
             assert await connection.fetchval("SELECT current_setting('wal.tenant')") == \
-                "default"
+                "from-role"
     finally:
         await engine.close()
     monkeypatch.setenv("WAL_ENGINE_TENANT", "from-env")
-    engine = await connect(app_dsn, migrate=False, development=False)
+    with pytest.raises(TenantRoleRefused, match="from-role"):
+        await connect(await tenant_roles.dsn("from-role"), migrate=False, development=False)
+    engine = await connect(await tenant_roles.dsn("from-env"), migrate=False,
+                           development=False)
     try:
         assert engine.tenant == "from-env"
         await engine.submit("echo", None, task_id="env-task")
         assert [t.task_id for t in await engine.store.list_tasks()] == ["env-task"]
     finally:
         await engine.close()
+    engine = await connect(database_dsn, migrate=False, development=True)
+    try:
+        assert engine.tenant == "from-env"
+        assert [t.task_id for t in await engine.store.list_tasks()] == ["env-task"]
+    finally:
+        await engine.close()
+    monkeypatch.delenv("WAL_ENGINE_TENANT")
+    engine = await connect(database_dsn, migrate=False, development=True)
+    try:
+        assert engine.tenant == "default"
+        assert await engine.store.list_tasks() == []
+    finally:
+        await engine.close()
 
 
-async def test_tenant_caps_tasks_events_and_payload_bytes(app_dsn: str,
+async def test_tenant_caps_tasks_events_and_payload_bytes(tenant_roles: TenantRoles,
                                                           database_dsn: str) -> None:
     """Per-tenant caps: tasks (in the database, engine's and administrator's), events per
     task and payload bytes (before anything is sent); each a typed error, nothing written."""
-    capped = await _engine(app_dsn, "capped", tasks_max=2, events_per_task_max=3,
+    capped = await _engine(tenant_roles, "capped", tasks_max=2, events_per_task_max=3,
                            payload_bytes_max=200)
-    free = await _engine(app_dsn, "free")
+    free = await _engine(tenant_roles, "free")
     try:
         await capped.submit("echo", None, task_id="c1")
         await capped.submit("echo", None, task_id="c2")
@@ -441,7 +467,7 @@ async def test_tenant_caps_tasks_events_and_payload_bytes(app_dsn: str,
         with pytest.raises(TaskQuotaExceeded):  # A fork creates a task too.
             await free.fork("f0", 1)
         # The app role cannot raise its own cap.
-        connection = await _app_connection(app_dsn, "free")
+        connection = await _app_connection(tenant_roles, "free")
         try:
             assert await _sqlstate(connection, "UPDATE wal_tenants SET tasks_max = NULL") == \
                 INSUFFICIENT_PRIVILEGE
@@ -453,7 +479,7 @@ async def test_tenant_caps_tasks_events_and_payload_bytes(app_dsn: str,
 
 
 async def test_hot_statements_probe_the_primary_keys(
-        engines: tuple[Engine, Engine], app_dsn: str, database_dsn: str) -> None:
+        engines: tuple[Engine, Engine], tenant_roles: TenantRoles, database_dsn: str) -> None:
     """EXPLAIN of the generic plans (as prepared statements run them) of the hot
     statements, as the app role with row security: each probes its primary-key index
     with the tenant as the leading key."""
@@ -477,7 +503,7 @@ async def test_hot_statements_probe_the_primary_keys(
         await admin.execute("ANALYZE")
     finally:
         await admin.close()
-    connection = await _app_connection(app_dsn, TENANT_A)
+    connection = await _app_connection(tenant_roles, TENANT_A)
     try:
         await connection.execute("SET plan_cache_mode = force_generic_plan")
         args = ("a-task", 1, 2, bytes(32))
@@ -502,7 +528,11 @@ async def test_hot_statements_probe_the_primary_keys(
                 f"EXPLAIN (FORMAT JSON) EXECUTE {name.lower()}({literals})"))
             text = orjson.dumps(plan).decode()
             assert "$1" in text, (name, "not a generic plan", text)
-            assert "Seq Scan" not in text, (name, text)
+            # The policies' lookup of the session's tenant reads wal_tenant_roles and the
+            # role catalog once per statement (an InitPlan): tiny tables, scanned whole.
+            scanned = {node.get("Relation Name") for node in _plan_nodes(plan)
+                       if node.get("Node Type") == "Seq Scan"}
+            assert scanned <= {"wal_tenant_roles", "pg_authid"}, (name, scanned, text)
             for table in re.findall(r'"Relation Name":"(wal_\w+)"', text):
                 if table in ("wal_events", "wal_tasks"):
                     assert f"{table}_pkey" in text, (name, table, text)
@@ -551,7 +581,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         checks = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
-        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 6, checks
+        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 7, checks
         # The log table has no CHECK constraint at all (decision 28), old ones included.
         assert await admin.fetchval("SELECT count(*) FROM pg_constraint WHERE contype = 'c'"
                                     " AND conrelid = 'wal_events'::regclass") == 0
@@ -579,6 +609,17 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         await database_factory.drop(dsn)
 
 
+def _plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    found: list[dict[str, Any]] = []
+    pending = [item["Plan"] for item in plan]
+    while pending:
+        node = pending.pop()
+        found.append(node)
+        pending.extend(node.get("Plans", []))
+    return found
+
+
 def _literal(value: Any) -> str:
     """A SQL literal for EXPLAIN EXECUTE (test values only)."""
     if value is None:
@@ -598,7 +639,7 @@ def test_wake_token_is_an_opaque_digest() -> None:
     assert wake_token("acme") != wake_token("acme2")
 
 
-async def test_tenant_llm_spend_cap_spans_tasks(app_dsn: str, database_dsn: str) -> None:
+async def test_tenant_llm_spend_cap_spans_tasks(tenant_roles: TenantRoles, database_dsn: str) -> None:
     """The tenant's LLM spend is summed across its tasks as the app role: once it reaches
     the engine's cap, the next LLM call of any of its tasks fails that task with
     budget_exceeded (tenant_llm_spend_usd) before anything is called; another tenant spends
@@ -616,8 +657,8 @@ async def test_tenant_llm_spend_cap_spans_tasks(app_dsn: str, database_dsn: str)
                 answers.append(await ctx.llm("model", llm, {"n": n}))
             return answers
 
-    capped = await _engine(app_dsn, "spender", llm_spend_max_usd=0.05)
-    free = await _engine(app_dsn, "frugal")
+    capped = await _engine(tenant_roles, "spender", llm_spend_max_usd=0.05)
+    free = await _engine(tenant_roles, "frugal")
     try:
         for engine in (capped, free):
             register(engine)
@@ -650,7 +691,7 @@ async def test_tenant_llm_spend_cap_spans_tasks(app_dsn: str, database_dsn: str)
         await free.worker(concurrency=1, poll_ms=20).run(until_idle=True)
         assert (await free.state(third)).failure.diagnostic["tripped"]["limit"] == 0.1
         # The app role cannot raise its own cap or rewrite its spend.
-        connection = await _app_connection(app_dsn, "spender")
+        connection = await _app_connection(tenant_roles, "spender")
         try:
             assert await _sqlstate(connection, "UPDATE wal_tenants SET llm_spend_usd = 0") \
                 == "42501"
@@ -661,4 +702,5 @@ async def test_tenant_llm_spend_cap_spans_tasks(app_dsn: str, database_dsn: str)
         await capped.close()
         await free.close()
     with pytest.raises(ConfigurationError):
-        await connect(app_dsn, migrate=False, tenant="x", llm_spend_max_usd=float("nan"))
+        await connect(await tenant_roles.dsn("x"), migrate=False, tenant="x",
+                      llm_spend_max_usd=float("nan"))

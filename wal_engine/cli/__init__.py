@@ -4,7 +4,8 @@ Every command on the log takes ``--dsn`` (default ``WAL_ENGINE_DSN``, else the e
 server), and those that open an engine take ``--development`` (the security self-test
 then lets a superuser through); ``wal-engine --tenant T <command>`` works on tenant T's
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
-``--json`` for one JSON object per line. ``bench`` hands its arguments to the benchmark
+``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
+provisions tenants' login roles on an administrator's DSN. ``bench`` hands its arguments to the benchmark
 suite (``python -m benchmarks``). Errors are one line on standard error with the exit codes
 listed in :mod:`wal_engine.cli.common`.
 """
@@ -19,6 +20,7 @@ from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
 from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
+from wal_engine.cli.tenant import tenant
 
 
 @click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,7 +31,7 @@ def main(tenant: str | None) -> None:
 
 
 for command in (demo, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
-                signal, approve, cancel, fork, replay, migrate, timeline, bench):
+                signal, approve, cancel, fork, replay, migrate, timeline, bench, tenant):
     main.add_command(command)
 
 __all__ = ["main"]
