@@ -12,9 +12,10 @@ import orjson
 import pytest
 
 from tests.helpers import task_with_messages
+from tests.integration.tenant_roles import TenantRoles
 from tests.integration.test_cli_agents import cli, lines, one_error_line
 from wal_engine.anchor import read_anchor
-from wal_engine.security import APP_ROLE, DEVELOPMENT_ENV, apply_security, dsn_for_role
+from wal_engine.security import APP_ROLE, DEVELOPMENT_ENV, dsn_for_role
 from wal_engine.store import Store
 
 BYPASS_ROLE = "cli_dev_bypass"
@@ -198,13 +199,13 @@ async def test_bad_anchor_input_is_one_line_and_exit_2(store: Store, database_ds
 
 
 async def test_development_flag_lets_a_refused_role_through_and_the_app_role_passes(
-        database_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        database_dsn: str, tenant_roles: TenantRoles, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A BYPASSRLS role is refused by the self-test (exit 4, one line); --development or
-    WAL_ENGINE_DEVELOPMENT=1 lets it through; the application role needs neither."""
+    WAL_ENGINE_DEVELOPMENT=1 lets it through; a tenant's own role needs neither."""
     monkeypatch.delenv(DEVELOPMENT_ENV, raising=False)
     admin = await asyncpg.connect(database_dsn)
     try:
-        await apply_security(admin)
         await admin.execute(f"DROP ROLE IF EXISTS {BYPASS_ROLE}")
         await admin.execute(f"CREATE ROLE {BYPASS_ROLE} LOGIN BYPASSRLS IN ROLE {APP_ROLE}")
         try:
@@ -218,7 +219,7 @@ async def test_development_flag_lets_a_refused_role_through_and_the_app_role_pas
             by_env = await cli("verify", "--all", "--dsn", bypass_dsn,
                                env={DEVELOPMENT_ENV: "1"})
             assert by_env.exit_code == 0, by_env.output
-            app_dsn = dsn_for_role(database_dsn, APP_ROLE)
+            app_dsn = await tenant_roles.dsn("default")
             production = await cli("anchor", str(tmp_path / "app.json"), "--dsn", app_dsn)
             assert production.exit_code == 0, production.output
             assert (await cli("verify", "--anchor", str(tmp_path / "app.json"), "--dsn",

@@ -26,11 +26,11 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.integration.tenant_roles import TenantRoles
 from wal_engine import events as ev
 from wal_engine.anchor import AnchorInvalid, create_anchor, verify_anchor
 from wal_engine.chain import event_hash
 from wal_engine.engine import Engine, connect, wake_token
-from tests.integration.tenant_roles import TenantRoles
 from wal_engine.errors import (
     ConfigurationError,
     InvalidInput,
@@ -261,7 +261,8 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
     listed = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "wal_engine.cli", "--tenant", TENANT_B, "tasks", "--json",
-         "--dsn", await tenant_roles.dsn(TENANT_B)], capture_output=True, text=True, timeout=60, check=False)
+         "--dsn", await tenant_roles.dsn(TENANT_B)],
+        capture_output=True, text=True, timeout=60, check=False)
     assert listed.returncode == 0, listed.stderr
     assert "a-task" not in listed.stdout
 
@@ -639,7 +640,8 @@ def test_wake_token_is_an_opaque_digest() -> None:
     assert wake_token("acme") != wake_token("acme2")
 
 
-async def test_tenant_llm_spend_cap_spans_tasks(tenant_roles: TenantRoles, database_dsn: str) -> None:
+async def test_tenant_llm_spend_cap_spans_tasks(tenant_roles: TenantRoles,
+                                                database_dsn: str) -> None:
     """The tenant's LLM spend is summed across its tasks as the app role: once it reaches
     the engine's cap, the next LLM call of any of its tasks fails that task with
     budget_exceeded (tenant_llm_spend_usd) before anything is called; another tenant spends

@@ -5,9 +5,9 @@ server), and those that open an engine take ``--development`` (the security self
 then lets a superuser through); ``wal-engine --tenant T <command>`` works on tenant T's
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
 ``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
-provisions tenants' login roles on an administrator's DSN. ``bench`` hands its arguments to the benchmark
-suite (``python -m benchmarks``). Errors are one line on standard error with the exit codes
-listed in :mod:`wal_engine.cli.common`.
+provisions tenants' login roles on an administrator's DSN. ``bench`` hands its arguments
+to the benchmark suite (``python -m benchmarks``). Errors are one line on standard error
+with the exit codes listed in :mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations
