@@ -66,7 +66,8 @@
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
 --                                     EXECUTE on wal_event_hash and wal_wake_token (the
---                                     NOTIFY payload of a submission).
+--                                     NOTIFY payload of a submission), and on
+--                                     wal_trusted_tenant (the policies call it).
 --   the database                      CONNECT. CREATE and TEMPORARY are revoked from
 --                                     PUBLIC: a temporary table could otherwise shadow
 --                                     wal_transitions for the invoker-rights trigger.
@@ -183,14 +184,15 @@ BEGIN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change',
-                             'wal_wake_token')
+                             'wal_wake_token', 'wal_trusted_tenant')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
     END LOOP;
     FOR item IN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
-         WHERE p.pronamespace = schema_oid AND p.proname IN ('wal_event_hash', 'wal_wake_token')
+         WHERE p.pronamespace = schema_oid
+           AND p.proname IN ('wal_event_hash', 'wal_wake_token', 'wal_trusted_tenant')
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
     END LOOP;

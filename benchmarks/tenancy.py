@@ -11,6 +11,9 @@ security bypassed) for scale:
 * ``append``: one 500-byte event per fenced append (``Store.append_events``), one commit;
 * ``claim``: claim one queued task (``wal_claim_tasks``, SECURITY DEFINER: the policies
   run as the owner) and complete it (a status move), two statements.
+* ``policy``: 1,000 primary-key probes of ``wal_tasks`` and ``wal_events`` in one ``DO``
+  block: the per-statement cost of the policies alone, without round trips or client
+  scheduling (the figure that stays readable on a loaded machine; events/s counts probes).
 
 The reference is the former policy ("before"); the ratio of the current one is the cost.
 
@@ -68,6 +71,24 @@ async def _prepare(server_dsn: str, database: str, *, setting_policy: bool) -> t
     return dsn, credentials.dsn
 
 
+# One operation of the ``policy`` workload: each PERFORM is a statement the policies of
+# both tables apply to (the DO block runs with the caller's rights).
+POLICY_PROBES: Final = f"""
+DO $probes$
+BEGIN
+    FOR i IN 1..{{probes}} LOOP
+        PERFORM 1 FROM wal_tasks
+         WHERE tenant = current_setting('wal.tenant', true) AND task_id = 'probe-' || i;
+        PERFORM 1 FROM wal_events
+         WHERE tenant = current_setting('wal.tenant', true) AND task_id = 'probe-' || i
+           AND seq = 1;
+    END LOOP;
+END
+$probes$
+"""
+probes_per_op: Final = 500
+
+
 class Side:
     """One contender's database connection, tasks and queue of claimable tasks."""
 
@@ -88,6 +109,17 @@ class Side:
             self.counter += 1
             await self.store.create_task(
                 self.bench.task_id("claim", f"{self.name}-{self.counter}"), harness.BENCH_AGENT)
+
+    def probe_operation(self) -> Callable[[], Awaitable[None]]:
+        """One DO block of primary-key probes under the policies."""
+        pool = self.store.database.pool
+        statement = POLICY_PROBES.format(probes=probes_per_op)
+
+        async def operation() -> None:
+            async with pool.acquire() as connection:
+                await connection.execute(statement)
+
+        return operation
 
     def claim_operation(self) -> Callable[[], Awaitable[None]]:
         """Claim one queued task and complete it."""
@@ -137,6 +169,10 @@ async def main() -> int:
                                     reference=label.startswith("before"),
                                     before_round=_queuer(side, per_round))
                   for label, side in sides.items()]
+        probes = [harness.Contender(label, side.probe_operation(),
+                                    events_per_op=2 * probes_per_op,
+                                    reference=label.startswith("before"))
+                   for label, side in sides.items()]
         results = [
             await harness.run_workload(harness.Workload(
                 name="append", description="one 500-byte event per fenced append, one commit",
@@ -144,6 +180,10 @@ async def main() -> int:
             await harness.run_workload(harness.Workload(
                 name="claim", description="claim one task and complete it (two statements)",
                 contenders=claims, ops_per_round=settings.ops), rounds=settings.rounds),
+            await harness.run_workload(harness.Workload(
+                name="policy", description=f"{2 * probes_per_op} primary-key probes in one"
+                " DO block", contenders=probes, ops_per_round=max(3, settings.ops // 5)),
+                rounds=settings.rounds),
         ]
         for side in sides.values():
             await side.bench.complete_all()
