@@ -73,10 +73,10 @@ async def _prepare(server_dsn: str, database: str, *, setting_policy: bool) -> t
 
 # One operation of the ``policy`` workload: each PERFORM is a statement the policies of
 # both tables apply to (the DO block runs with the caller's rights).
-POLICY_PROBES: Final = f"""
+POLICY_PROBES: Final = """
 DO $probes$
 BEGIN
-    FOR i IN 1..{{probes}} LOOP
+    FOR i IN 1..{probes} LOOP
         PERFORM 1 FROM wal_tasks
          WHERE tenant = current_setting('wal.tenant', true) AND task_id = 'probe-' || i;
         PERFORM 1 FROM wal_events
