@@ -40,7 +40,7 @@
 -- tenant makes an INSERT fail), and, because superusers bypass row security, every
 -- statement and function also filters on the tenant itself. Row-level security is
 -- enabled AND forced on each table with one policy whose tenant comes from the login role
--- (wal_tenant_roles, decision 30), so for a runtime role the setting can only narrow what
+-- (wal_tenant_roles, decision 35), so for a runtime role the setting can only narrow what
 -- it sees to nothing; only roles that could take the owner's rights anyway name their
 -- tenant by the setting. NOTIFY payloads carry only
 -- the tenant's wake token (wal_wake_token), never a task id.
@@ -350,7 +350,7 @@ ON CONFLICT (tenant) DO UPDATE SET tasks = EXCLUDED.tasks WHERE k.tasks <> EXCLU
 -- keys on it through session_user, which no statement of the session can change (SET ROLE
 -- changes current_user only, and SECURITY DEFINER functions run as their owner with the
 -- caller still the session user), never on a setting the session could SET
--- (docs/architecture.md, decision 30).
+-- (docs/architecture.md, decision 35).
 CREATE TABLE IF NOT EXISTS wal_tenant_roles (
     role_name  name NOT NULL,
     tenant     text NOT NULL

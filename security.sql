@@ -107,7 +107,7 @@ BEGIN
             USING ERRCODE = '42501';
     END IF;
     -- The group's own defaults would apply to no session (a member's sessions take the
-    -- member's): the engine sets what it depends on at connection start (decision 30).
+    -- member's): the engine sets what it depends on at connection start (decision 35).
     EXECUTE format('ALTER ROLE %I RESET ALL', app_role);
 
     -- Database and schema ---------------------------------------------------------------------

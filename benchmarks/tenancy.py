@@ -4,7 +4,7 @@ Two scratch databases on one server, each with ``security.sql`` applied and a te
 login role: in ``wal_bench_tenancy_setting`` the policies are the former ones, keyed on the
 session's ``wal.tenant`` (the shared-role design any session could SET); in
 ``wal_bench_tenancy_role`` they are the current ones, keyed on ``session_user`` through
-``wal_tenant_roles`` (decision 30 of ``docs/architecture.md``). The same operations run
+``wal_tenant_roles`` (decision 35 of ``docs/architecture.md``). The same operations run
 interleaved, in the same run, as the tenant's role on both, and as a superuser (row
 security bypassed) for scale:
 

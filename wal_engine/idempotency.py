@@ -80,7 +80,7 @@ INSERT INTO wal_idempotency (key, task_id, state, owner, epoch) VALUES ($1, $2, 
 """
 
 # wal_release_key (schema.sql) deletes the claim with the owner's rights: runtime roles
-# hold no DELETE on shared tables (docs/architecture.md, decision 30).
+# hold no DELETE on shared tables (docs/architecture.md, decision 35).
 RELEASE_KEY: Final = "SELECT wal_release_key($1, $2, $3)"
 
 

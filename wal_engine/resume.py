@@ -130,7 +130,7 @@ SELECT seq, type, version, payload, hash FROM wal_events
 # written (the caller sends them all and tries again). In steady state the DELETEs remove
 # at most one snapshot row and the segments only it referred to (a segment that changed).
 # The statement is the body of wal_save_snapshot (schema.sql), which runs with the owner's
-# rights: runtime roles hold no DELETE on shared tables (docs/architecture.md, decision 30).
+# rights: runtime roles hold no DELETE on shared tables (docs/architecture.md, decision 35).
 SAVE_SNAPSHOT: Final = """
 SELECT inserted, pruned, segments_written, segments_pruned, missing
   FROM wal_save_snapshot($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)

@@ -1,7 +1,7 @@
 """Tenant roles: each tenant's engines log in as a role of their own (issue 16).
 
 Row security keys on the login role (``session_user``) through ``wal_tenant_roles``, a
-table only the owner writes (``schema.sql``, decision 30 of ``docs/architecture.md``), so a
+table only the owner writes (``schema.sql``, decision 35 of ``docs/architecture.md``), so a
 process holding one tenant's credential cannot name another tenant, signal another
 tenant's sessions or change another tenant's defaults. This module is the owner's side:
 it creates, lists, rotates, disables and enables those roles on an administrator's

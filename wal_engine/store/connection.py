@@ -122,7 +122,7 @@ def session_settings(tenant: str, application_name: str, *,
     session's life at no round trip (``docs/architecture.md``, decision 23), and the
     settings the engine depends on (``required``, default
     :func:`wal_engine.security.required_settings`), which win over any role or database
-    default (decision 30)."""
+    default (decision 35)."""
     settings = dict(required_settings() if required is None else required)
     settings.update({"application_name": application_name,
                      TENANT_SETTING: validate_tenant(tenant)})
@@ -259,7 +259,7 @@ class Database:
         self.tasks_max = tasks_max
         """The engine's cap on the tenant's tasks (None: only the administrator's)."""
         self.required = required_settings() if required is None else dict(required)
-        """The settings every connection sends at its start (decision 30)."""
+        """The settings every connection sends at its start (decision 35)."""
 
     def session_settings(self, application_name: str) -> dict[str, str]:
         """Startup parameters for another connection of this database (same tenant)."""

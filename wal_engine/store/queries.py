@@ -38,7 +38,7 @@ LOCK TABLE wal_tasks, wal_events, wal_snapshots, wal_idempotency, wal_signals
 
 SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
 
-# A migration is the owner's: not bound by the engine session's timeouts (decision 30).
+# A migration is the owner's: not bound by the engine session's timeouts (decision 35).
 MIGRATION_TIMEOUTS: Final = """
 SELECT set_config('statement_timeout', '0', true),
        set_config('idle_in_transaction_session_timeout', '0', true)
