@@ -117,7 +117,7 @@ async def tenants(tenant_roles: TenantRoles) -> AsyncIterator[tuple[Engine, Engi
 async def _populate_a(a: Engine, admin_dsn: str) -> None:
     await a.submit("echo", {"n": 1}, task_id="a-task")
     await a.submit("echo", {"n": 2}, task_id="a-queued")
-    await a.database.fetch(queries.CLAIM_TASKS, "worker-a", 1, 600_000, None)
+    await a.database.fetch(queries.CLAIM_TASKS, "worker-a", 1, 600_000, None, None)
     head = await a.head("a-task")
     await a.store.append_events(
         "a-task", [ev.MessageAppended(role="user", content="secret of A")],
@@ -326,6 +326,7 @@ async def test_s12_own_defaults_weaken_no_one_and_are_refused(
     untouched, B's next engine refuses to start (InsecureSetup naming it), and after the
     owner rotates B's role, B starts again with the settings the engine sends."""
     a, _ = tenants
+    before = await _rows_of_a(tenant_roles.admin_dsn)
     b_dsn = await tenant_roles.dsn(TENANT_B)
     connection = await asyncpg.connect(b_dsn)
     try:
@@ -342,6 +343,7 @@ async def test_s12_own_defaults_weaken_no_one_and_are_refused(
         await connection.close()
     with pytest.raises(InsecureSetup, match="its own defaults weaken"):
         await connect(b_dsn, migrate=False, development=False)
+    assert await _rows_of_a(tenant_roles.admin_dsn) == before
     await _a_still_works(a)
     admin = await asyncpg.connect(tenant_roles.admin_dsn)
     try:
@@ -386,6 +388,7 @@ async def test_s12_other_tenants_backends_cannot_be_signalled(
     """S12: B's role can neither terminate nor cancel A's backends (per-tenant roles; no
     membership in pg_signal_backend), and A's pooled sessions survive the attempts."""
     a, _ = tenants
+    before = await _rows_of_a(tenant_roles.admin_dsn)
     a_role = (await tenant_roles.create(TENANT_A)).role
     connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_B))
     try:
@@ -407,6 +410,7 @@ async def test_s12_other_tenants_backends_cannot_be_signalled(
     finally:
         await admin.close()
     assert alive == len(pids)
+    assert await _rows_of_a(tenant_roles.admin_dsn) == before
     await _a_still_works(a)
 
 
@@ -423,6 +427,7 @@ async def test_s12_table_locks_of_a_runtime_role_stall_no_other_tenant(
     EXCLUSIVE mode (every stronger mode is 42501 on every table); holding every lock it can
     get, on every table at once, it stalls nothing of A's engine."""
     a, _ = tenants
+    before = await _rows_of_a(tenant_roles.admin_dsn)
     connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_B))
     try:
         tables = await _engine_tables(connection)
@@ -442,6 +447,7 @@ async def test_s12_table_locks_of_a_runtime_role_stall_no_other_tenant(
             await connection.execute(f"LOCK TABLE {table} IN {modes[-1]} MODE")
         await connection.execute("SELECT * FROM wal_tasks FOR UPDATE")  # B's own rows only.
         try:
+            assert await _rows_of_a(tenant_roles.admin_dsn) == before
             await _a_still_works(a)
         finally:
             await held.rollback()

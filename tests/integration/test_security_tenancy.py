@@ -107,7 +107,7 @@ async def _populate_a(a: Engine) -> dict[str, Any]:
     idempotency key and a snapshot)."""
     await a.submit("echo", {"n": 1}, task_id="a-task")
     await a.submit("echo", {"n": 2}, task_id="shared")
-    claimed = await a.database.fetch(queries.CLAIM_TASKS, "worker-a", 10, 60_000, None)
+    claimed = await a.database.fetch(queries.CLAIM_TASKS, "worker-a", 10, 60_000, None, None)
     assert {r["task_id"] for r in claimed} == {"a-task", "shared"}
     head = await a.head("a-task")
     appended = await a.store.append_events(
@@ -186,7 +186,7 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
                                                        **fence)])
     assert isinstance(outcome["a-task"], UnknownTask)
     # A B worker claims nothing of A's, breaks no A lease.
-    assert await b.database.fetch(queries.CLAIM_TASKS, "worker-b", 10, 1000, None) == []
+    assert await b.database.fetch(queries.CLAIM_TASKS, "worker-b", 10, 1000, None, None) == []
     admin = await asyncpg.connect(database_dsn)
     try:  # A's lease expired: only A's own sweep may break it.
         await admin.execute("UPDATE wal_tasks SET lease_expires_at = now() - interval '1 s'"
@@ -445,7 +445,7 @@ async def test_tenant_caps_tasks_events_and_payload_bytes(tenant_roles: TenantRo
             await free.submit("echo", None, task_id=f"f{index}")
         with pytest.raises(PayloadTooLarge):
             await capped.submit("echo", {"text": "x" * 300}, task_id="c-big")
-        await capped.database.fetch(queries.CLAIM_TASKS, "w", 10, 60_000, None)
+        await capped.database.fetch(queries.CLAIM_TASKS, "w", 10, 60_000, None, None)
         head = await capped.head("c1")
         message = ev.MessageAppended(role="user", content="m")
         grown = await capped.store.append_events(
