@@ -194,7 +194,7 @@ async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -
     whether the DDL ran.
     """
     text = schema_sql()
-    checksum = schema_checksum()
+    checksum = hashlib.sha256(text.encode()).hexdigest()
     async with connection.transaction():
         # The owner's business: not bound by the engine session's statement_timeout (an
         # index rebuilt under the lock may take longer).
