@@ -39,3 +39,14 @@ async def test_append_breakdown_quick_run_measures_the_current_statements(
     assert any("raw INSERT (direct) (ref)" in line for line in rows), output
     assert any("store OBSERVE_ONE statement" in line for line in rows), output
     assert any("Store.append_events via pool" in line for line in rows), output
+
+
+async def test_tenancy_quick_run_compares_the_policies(database_dsn: str) -> None:
+    """`python -m benchmarks.tenancy --quick` exits 0 and times the former and the current
+    policies, as a tenant's role, in each workload."""
+    output = await run_module("benchmarks.tenancy", "--quick", "--no-json",
+                              "--dsn", database_dsn, timeout_s=RUN_TIMEOUT_S)
+    for workload in ("append", "claim", "policy"):
+        rows = [line for line in output.splitlines() if line.startswith(f"| {workload} |")]
+        assert any("before: policy on wal.tenant (ref)" in line for line in rows), output
+        assert any("after: policy on the login role" in line for line in rows), output
