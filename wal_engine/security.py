@@ -53,6 +53,15 @@ SELECT current_user AS role, r.rolsuper AS superuser, r.rolbypassrls AS bypassrl
   FROM pg_roles r WHERE r.rolname = current_user
 """
 
+# Other login roles whose rights the current role may take (membership, direct or not):
+# it could terminate or cancel their sessions (pg_terminate_backend checks exactly that).
+LOGIN_ROLES_REACHED: Final = """
+SELECT r.rolname FROM pg_roles r
+ WHERE r.rolcanlogin AND r.rolname <> current_user
+   AND pg_has_role(current_user, r.oid, 'MEMBER')
+ ORDER BY 1 LIMIT 6
+"""
+
 # The session's values of the settings the engine sent at connection start (base units:
 # milliseconds for the timeouts), and where each came from.
 SESSION_SETTINGS: Final = """
@@ -193,6 +202,9 @@ class RoleReport(msgspec.Struct, frozen=True, kw_only=True):
     """The role's own defaults (``ALTER ROLE ... SET``) that weaken a required setting."""
     unexpected_settings: list[str] = []
     """Required settings the session does not have although the engine sent them."""
+    login_roles: list[str] = []
+    """Other login roles it is a member of (at most 6 listed): it could signal their
+    sessions."""
 
     def problems(self, *, require_synchronous_commit: bool = True) -> list[str]:
         """Why this role must not run the engine in production (empty: none)."""
@@ -206,6 +218,10 @@ class RoleReport(msgspec.Struct, frozen=True, kw_only=True):
             found.append(f"it owns or may act as the owner of {shown}")
         if require_synchronous_commit and self.synchronous_commit == "off":
             found.append("synchronous_commit is off")
+        if self.login_roles and not self.superuser:
+            found.append("it is a member of the login role(s) "
+                         + ", ".join(self.login_roles) + " (it could terminate their "
+                         "sessions)")
         if self.signals_backends:
             found.append("it is a member of pg_signal_backend (it could terminate other "
                          "tenants' sessions)")
@@ -228,10 +244,12 @@ class RoleReport(msgspec.Struct, frozen=True, kw_only=True):
 
 async def check_runtime_role(connection: asyncpg.Connection,
                              required: dict[str, str] | None = None) -> RoleReport:
-    """Read the current role's attributes, what it owns, and, given the ``required``
-    settings, how the session and the role's own defaults compare (four round trips)."""
+    """Read the current role's attributes, what it owns, which login roles it reaches, and,
+    given the ``required`` settings, how the session and the role's own defaults compare
+    (five round trips, once per engine start)."""
     row = await connection.fetchrow(ROLE_ATTRIBUTES)
     owned = await connection.fetch(OWNED_OBJECTS)
+    reached = [str(r["rolname"]) for r in await connection.fetch(LOGIN_ROLES_REACHED)]
     weakened: list[str] = []
     unexpected: list[str] = []
     if required:
@@ -245,7 +263,8 @@ async def check_runtime_role(connection: asyncpg.Connection,
                       bypassrls=bool(row["bypassrls"]), owned=[r["object"] for r in owned],
                       synchronous_commit=str(row["synchronous_commit"]),
                       signals_backends=bool(row["signals_backends"]),
-                      weakened_defaults=weakened, unexpected_settings=unexpected)
+                      weakened_defaults=weakened, unexpected_settings=unexpected,
+                      login_roles=reached)
 
 
 async def is_development_setup(connection: asyncpg.Connection, *, embedded_dsn: bool) -> bool:

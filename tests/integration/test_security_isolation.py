@@ -421,6 +421,24 @@ async def _engine_tables(connection: asyncpg.Connection) -> list[str]:
     return [str(r["relname"]) for r in rows]
 
 
+async def test_s12_a_role_granted_another_tenants_role_is_refused_until_rotated(
+        tenant_roles: TenantRoles) -> None:
+    """S12: if an administrator grants A's role to B's (B could then terminate A's
+    sessions), B's engine refuses to start; rotating B's role revokes the membership."""
+    a_role = (await tenant_roles.create(TENANT_A)).role
+    b = await tenant_roles.create(TENANT_B)
+    admin = await asyncpg.connect(tenant_roles.admin_dsn)
+    try:
+        await admin.execute(f'GRANT "{a_role}" TO "{b.role}"')
+        with pytest.raises(InsecureSetup, match="member of the login role"):
+            await connect(b.dsn, migrate=False, development=False)
+        rotated = await rotate_tenant(admin, TENANT_B, dsn=tenant_roles.admin_dsn)
+    finally:
+        await admin.close()
+    engine = await connect(rotated.dsn, migrate=False, development=False)
+    await engine.close()
+
+
 async def test_s12_table_locks_of_a_runtime_role_stall_no_other_tenant(
         tenants: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
     """S12: B's role may LOCK an engine table only in ACCESS SHARE, ROW SHARE or ROW
