@@ -20,9 +20,14 @@ from typing import Any
 import asyncpg
 import pytest
 import pytest_asyncio
+import structlog
+from click.testing import CliRunner, Result
 
 from tests.integration.tenant_roles import TenantRoles, secure
+from tests.integration.test_cli_agents import lines, one_error_line
 from wal_engine import events as ev
+from wal_engine import logs
+from wal_engine.cli import main
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable, InvalidInput, TenantRoleRefused
 from wal_engine.idempotency import Claim
@@ -641,3 +646,54 @@ def test_role_names_are_per_database_and_opaque() -> None:
     first = tenant_role_name("db1", "acme")
     assert first != tenant_role_name("db2", "acme") != tenant_role_name("db1", "acme2")
     assert "acme" not in first and len(first) <= 63 and first.startswith("wal_")
+
+
+async def _tenant_cli(*args: str, stdin: str | None = None) -> Result:
+    """``wal-engine tenant ARGS`` through click's runner, in a thread (its own loop)."""
+    saved = structlog.get_config()
+    try:
+        return await asyncio.to_thread(CliRunner().invoke, main, ["tenant", *args],
+                                       input=stdin, catch_exceptions=False)
+    finally:
+        logs.reset_logging()
+        structlog.configure(**saved)
+
+
+async def test_tenant_cli_creates_lists_rotates_and_disables(tenant_roles: TenantRoles) -> None:
+    """`wal-engine tenant create` prints a working DSN once (generated or given password),
+    `list` shows the role, `rotate` gives a new one, `disable` and `enable` switch logins;
+    a bad password or a second create is one error line (exit 2)."""
+    dsn = tenant_roles.admin_dsn
+    created = await _tenant_cli("create", "cli-tenant", "--dsn", dsn, "--json")
+    assert created.exit_code == 0, created.output
+    (credentials,) = lines(created.stdout)
+    tenant_roles.extra_roles.append(credentials["role"])
+    engine = await connect(credentials["dsn"], migrate=False, development=False)
+    try:
+        assert engine.tenant == "cli-tenant"
+    finally:
+        await engine.close()
+    given = await _tenant_cli("create", "cli-given", "--dsn", dsn, "--password-stdin",
+                              "--json", stdin="a-given-password-123\n")
+    assert given.exit_code == 0, given.output
+    tenant_roles.extra_roles.append(lines(given.stdout)[0]["role"])
+    assert lines(given.stdout)[0]["password"] == "a-given-password-123"
+    for refused in (await _tenant_cli("create", "cli-short", "--dsn", dsn, "--password-stdin",
+                                      stdin="short\n"),
+                    await _tenant_cli("create", "cli-tenant", "--dsn", dsn)):
+        assert refused.exit_code == 2, refused.output
+        assert one_error_line(refused)
+    listed = {item["tenant"]: item for item in lines(
+        (await _tenant_cli("list", "--dsn", dsn, "--json")).stdout)}
+    assert listed["cli-tenant"]["role"] == credentials["role"]
+    assert listed["cli-tenant"]["enabled"] is True
+    rotated = await _tenant_cli("rotate", "cli-tenant", "--dsn", dsn, "--json")
+    assert rotated.exit_code == 0, rotated.output
+    assert lines(rotated.stdout)[0]["password"] != credentials["password"]
+    disabled = await _tenant_cli("disable", "cli-tenant", "--dsn", dsn, "--json")
+    assert lines(disabled.stdout)[0]["enabled"] is False
+    with pytest.raises(DatabaseUnavailable):
+        await connect(credentials["dsn"], migrate=False, development=False)
+    assert (await _tenant_cli("enable", "cli-tenant", "--dsn", dsn)).exit_code == 0
+    unknown = await _tenant_cli("disable", "nobody", "--dsn", dsn)
+    assert unknown.exit_code == 2 and "no role" in one_error_line(unknown)
