@@ -532,7 +532,13 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
         except TimeoutError as error:
             raise CallTimedOut(timeout_s, None) from error
     loop = asyncio.get_running_loop()
-    thread = loop.run_in_executor(executor, contextvars.copy_context().run, function, argument)
+    try:
+        thread = loop.run_in_executor(executor, contextvars.copy_context().run, function,
+                                      argument)
+    except RuntimeError as error:
+        # The pool is shut down: the worker is going away and this attempt never started.
+        # It unwinds the run like the cancellation it is, never as the tool's failure.
+        raise asyncio.CancelledError("the worker's thread pool is shut down") from error
     try:
         result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
     except TimeoutError as error:

@@ -167,6 +167,13 @@ class Worker:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            # Runs still going (the worker itself was cancelled, not stopped) are owned by
+            # the worker: they unwind at their current await, writing nothing more, before
+            # the thread pool they may be using goes away.
+            runs = list(self._run_tasks)
+            for task in runs:
+                task.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
             await asyncio.to_thread(self.keeper.stop)
             # Threads of sync calls still running (timed out, their task handed back) are
             # not waited for: they cannot be interrupted, and their calls are in doubt in
