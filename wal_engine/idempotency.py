@@ -237,8 +237,9 @@ def check_key(key: str) -> str:
 class PostgresGatewayStore:
     """Keys in ``wal_idempotency`` of the engine's database, scoped to its tenant."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, *, owns_database: bool = False) -> None:
         self.database = database
+        self._owns_database = owns_database
 
     async def claim_key(self, claim: Claim, ttl_ms: int) -> Acquired:
         """See :meth:`GatewayStore.claim_key`."""
@@ -278,7 +279,9 @@ class PostgresGatewayStore:
         await self.database.fetch(PING)
 
     async def close(self) -> None:
-        """The database belongs to the caller: nothing to close."""
+        """Close the database if the store was handed it to own (``owns_database``)."""
+        if self._owns_database:
+            await self.database.close()
 
 
 def _check_expiry(retention_ms: int, limit: int) -> None:
