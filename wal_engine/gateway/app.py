@@ -32,6 +32,7 @@ from typing import Any, Final
 
 import httpx
 import msgspec
+import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -52,6 +53,8 @@ REPLAYED_HEADER: Final = "idempotent-replayed"
 wait_poll_s: Final = 0.02
 settle_attempts_max: Final = 50
 STORE_ERRORS: Final = (GatewayStoreUnavailable, DatabaseUnavailable)
+
+log = structlog.get_logger(__name__)
 
 
 class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -259,15 +262,22 @@ class Gateway:
         return Response(stored.body, status_code=stored.status, headers=dict(stored.headers))
 
     async def _record(self, claim: Claim, stored: StoredResponse) -> None:
-        if len(stored.body) > self.config.gateway.response_bytes_max:
-            failure = StoredFailure(
-                fingerprint=stored.fingerprint, status=502, title="Bad Gateway",
-                detail="the response to the first request with this key was too large to "
-                       "store; it is not sent again")
-            await self.store.complete_key(claim, "failed", None,
-                                          msgspec.json.encode(failure).decode())
-            return
-        await self.store.complete_key(claim, "completed", _encode(stored), None)
+        """Store the response. The upstream has acted, so this caller gets its answer even
+        when the store fails now; the key then stays claimed and is in doubt after its
+        lease, never resent."""
+        try:
+            if len(stored.body) > self.config.gateway.response_bytes_max:
+                failure = StoredFailure(
+                    fingerprint=stored.fingerprint, status=502, title="Bad Gateway",
+                    detail="the response to the first request with this key was too large "
+                           "to store; it is not sent again")
+                await self.store.complete_key(claim, "failed", None,
+                                              msgspec.json.encode(failure).decode())
+                return
+            await self.store.complete_key(claim, "completed", _encode(stored), None)
+        except STORE_ERRORS as error:
+            log.warning("gateway_record_failed", key=claim.key, error=str(error))
+            self.metrics.request(claim.key.split(":")[1], "record_failed")
 
     async def _send(self, incoming: Incoming) -> httpx.Response:
         route = incoming.route

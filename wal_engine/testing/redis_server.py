@@ -54,6 +54,7 @@ class RedisServer:
         self.port = port or free_port()
         self._own_dir = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="wal-redis-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.extra = extra or []
         self.sentinel = sentinel
         self.process: subprocess.Popen[bytes] | None = None
