@@ -124,10 +124,18 @@ class RedisGatewayStore:
 
     def __init__(self, client: Any, *, tenant: str | None = None,
                  retention_ms: int = retention_ms_default, where: str = "redis",
-                 owns_client: bool = False) -> None:
+                 owns_client: bool = False, replicas_min: int = 0,
+                 replicas_timeout_ms: int = 1000) -> None:
         if retention_ms <= 0:
             raise ConfigurationError("retention_ms must be > 0")
+        if replicas_min < 0 or replicas_timeout_ms <= 0:
+            raise ConfigurationError("replicas_min must be >= 0, replicas_timeout_ms > 0")
         self.client = client
+        self.replicas_min = replicas_min
+        """Replicas that must hold a claim or an outcome before it counts (Redis ``WAIT``):
+        with 1 or more, a Sentinel failover to an acknowledging replica loses nothing
+        acknowledged."""
+        self.replicas_timeout_ms = replicas_timeout_ms
         self.tenant = resolve_tenant(tenant)
         self.retention_ms = retention_ms
         self.where = where
@@ -147,6 +155,20 @@ class RedisGatewayStore:
         return cls(client, tenant=tenant, retention_ms=retention_ms, where=redact_dsn(url),
                    owns_client=True)
 
+    @classmethod
+    def from_sentinel(cls, sentinels: list[tuple[str, int]], service_name: str, *,
+                      tenant: str | None = None, retention_ms: int = retention_ms_default,
+                      replicas_min: int = 0) -> RedisGatewayStore:
+        """A store on the primary that Redis Sentinel names for ``service_name``; after a
+        failover the client finds the new primary on its next connection."""
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(  # type: ignore[no-untyped-call] -- redis-py leaves it untyped
+            sentinels, socket_timeout=command_timeout_s)
+        client = sentinel.master_for(service_name, **_client_options())
+        return cls(client, tenant=tenant, retention_ms=retention_ms, owns_client=True,
+                   where=f"sentinel {service_name}", replicas_min=replicas_min)
+
     def entry(self, key: str) -> str:
         """The Redis key of ``key``'s hash."""
         return f"{self._prefix}k:{check_key(key)}"
@@ -161,7 +183,10 @@ class RedisGatewayStore:
         answer = await self._call(self._claim, [self.entry(claim.key)],
                                   [claim.owner, str(claim.epoch), ttl_ms,
                                    claim.task_id or "", self.retention_ms])
-        return Acquired(answer.decode() if isinstance(answer, bytes) else answer)
+        acquired = Acquired(answer.decode() if isinstance(answer, bytes) else answer)
+        if acquired is not Acquired.HELD:
+            await self._replicated("claim")
+        return acquired
 
     async def read_key(self, key: str) -> KeyRecord | None:
         """See :meth:`wal_engine.idempotency.GatewayStore.read_key`."""
@@ -179,7 +204,26 @@ class RedisGatewayStore:
             self._complete, [self.entry(claim.key), self.done_index],
             [claim.owner, str(claim.epoch), state, result or b"", error or "",
              self.retention_ms, "1" if result is not None else "0"])
+        if done:
+            await self._replicated("outcome")
         return bool(done)
+
+    async def _replicated(self, what: str) -> None:
+        """With ``replicas_min``: wait until that many replicas hold the write."""
+        if not self.replicas_min:
+            return
+        from redis.exceptions import RedisError
+
+        try:
+            acknowledged = int(await self.client.wait(self.replicas_min,
+                                                      self.replicas_timeout_ms))
+        except (RedisError, OSError) as error:
+            raise GatewayStoreUnavailable(self.where, str(error)) from error
+        if acknowledged < self.replicas_min:
+            raise GatewayStoreUnavailable(
+                self.where, f"the {what} is on the primary but only {acknowledged} of "
+                            f"{self.replicas_min} replicas acknowledged it in "
+                            f"{self.replicas_timeout_ms} ms")
 
     async def release_key(self, claim: Claim) -> None:
         """See :meth:`wal_engine.idempotency.GatewayStore.release_key`."""
@@ -225,12 +269,17 @@ def _text(value: bytes | None) -> str | None:
 def _client_from_url(url: str) -> Any:
     try:
         import redis.asyncio as redis_asyncio
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
     except ImportError as error:
         raise ConfigurationError(
             "the Redis gateway store needs the redis extra: pip install 'wal-engine[redis]'"
         ) from error
-    return redis_asyncio.Redis.from_url(
-        url, socket_timeout=command_timeout_s, socket_connect_timeout=command_timeout_s,
-        retry=Retry(NoBackoff(), 0), retry_on_error=[])
+    return redis_asyncio.Redis.from_url(url, **_client_options())
+
+
+def _client_options() -> dict[str, Any]:
+    """Timeouts on every command, and no retry of a command whose answer was lost."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return {"socket_timeout": command_timeout_s, "socket_connect_timeout": command_timeout_s,
+            "retry": Retry(NoBackoff(), 0), "retry_on_error": []}

@@ -5,7 +5,6 @@ In every run the upstream counts exactly one mutation per key."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import uuid
@@ -22,8 +21,6 @@ from wal_engine.engine import Engine, connect
 from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.testing.processes import WorkerPool, wait_until
 from wal_engine.testing.redis_server import RedisServer
-
-DEEP = os.environ.get("RELIABILITY_DEEP") == "1"
 
 
 @pytest.fixture
@@ -65,10 +62,11 @@ async def finished(engine: Engine, task_ids: list[str], timeout_s: float = 60.0)
     await wait_until(done, "the tasks to finish", timeout_s)
 
 
+@pytest.mark.parametrize("kills", [2, pytest.param(12, id="deep", marks=pytest.mark.deep)])
 @pytest.mark.parametrize("kind", ["redis", "postgres"])
 async def test_worker_killed_after_the_upstream_acted_leaves_one_mutation(
-        kind: str, engine: Engine, database_dsn: str, upstream: Upstream, tmp_path: Path,
-        request: pytest.FixtureRequest) -> None:
+        kind: str, kills: int, engine: Engine, database_dsn: str, upstream: Upstream,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """A worker SIGKILLed after its HTTP tool reached the upstream but before the result was
     logged: the next worker retries under the same key and the gateway replays the response."""
     store = ({"kind": "redis", "url": request.getfixturevalue("redis").url,
@@ -78,7 +76,6 @@ async def test_worker_killed_after_the_upstream_acted_leaves_one_mutation(
                              tmp_path).start()
     pool = WorkerPool(database_dsn, "tests.fault.gateway_agents:register", tmp_path, cwd=REPO,
                       lease_ttl_ms=1000, heartbeat_ms=250)
-    kills = 12 if DEEP else 2
     try:
         task_ids = [await engine.submit("http_charges", {"url": f"{gateway.url}/pay/c",
                                                           "charges": 3}) for _ in range(kills)]

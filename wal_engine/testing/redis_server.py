@@ -99,6 +99,19 @@ class RedisServer:
         except OSError:
             return False
 
+    def info(self, section: str) -> dict[str, str]:
+        """``INFO section`` as a mapping (raw RESP over a socket: no client needed)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as connection:
+            connection.sendall(f"INFO {section}\r\n".encode())
+            data = b""
+            while not data.endswith(b"\r\n") or data.count(b"\r\n") < 2:
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        lines = data.decode(errors="replace").splitlines()[1:]
+        return dict(line.split(":", 1) for line in lines if ":" in line)
+
     def log_tail(self) -> str:
         """The last lines the server logged (for failure messages)."""
         lines: list[str] = []
@@ -149,12 +162,15 @@ class SentinelGroup:
 def start_sentinel_group(*, down_after_ms: int = 500) -> SentinelGroup:
     """Start a primary with AOF, a replica of it, and a Sentinel that fails over to the
     replica ``down_after_ms`` after the primary stops answering."""
-    primary = RedisServer(persistence="aof").start()
+    # No diskless-sync delay: Redis waits 5 s by default for more replicas to sync at once.
+    fast_sync = ["--repl-diskless-sync-delay", "0"]
+    primary = RedisServer(persistence="aof", extra=fast_sync).start()
     started = [primary]
     try:
         replica = RedisServer(persistence="aof", extra=[
-            "--replicaof", "127.0.0.1", str(primary.port)]).start()
+            *fast_sync, "--replicaof", "127.0.0.1", str(primary.port)]).start()
         started.append(replica)
+        _wait_replication(replica)
         sentinel = RedisServer(sentinel=True)
         (sentinel.data_dir / "sentinel.conf").write_text(
             f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary.port} 1\n"
@@ -170,3 +186,12 @@ def start_sentinel_group(*, down_after_ms: int = 500) -> SentinelGroup:
                 server.close()
         raise
     return SentinelGroup(primary, replica, sentinel)
+
+
+def _wait_replication(replica: RedisServer) -> None:
+    """Wait until the replica's link to its primary is up (initial sync done)."""
+    deadline = time.monotonic() + start_timeout_s
+    while replica.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RedisUnavailable(f"replica never synced: {replica.log_tail()}")
+        time.sleep(0.05)
