@@ -163,8 +163,8 @@ class RedisGatewayStore:
         failover the client finds the new primary on its next connection."""
         from redis.asyncio.sentinel import Sentinel
 
-        sentinel = Sentinel(  # type: ignore[no-untyped-call] -- redis-py leaves it untyped
-            sentinels, socket_timeout=command_timeout_s)
+        # redis-py leaves Sentinel's constructor unannotated.
+        sentinel = Sentinel(sentinels, socket_timeout=command_timeout_s)  # type: ignore[no-untyped-call]
         client = sentinel.master_for(service_name, **_client_options())
         return cls(client, tenant=tenant, retention_ms=retention_ms, owns_client=True,
                    where=f"sentinel {service_name}", replicas_min=replicas_min)
