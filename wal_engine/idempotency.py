@@ -102,6 +102,7 @@ DELETE FROM wal_idempotency
    AND key IN (SELECT key FROM wal_idempotency
                 WHERE tenant = current_setting('wal.tenant', true) AND state <> 'running'
                   AND completed_at < now() - $1 * interval '1 millisecond'
+                  AND starts_with(key, $3)
                 ORDER BY completed_at LIMIT $2)
 RETURNING key
 """
@@ -210,8 +211,11 @@ class GatewayStore(Protocol):
         """Give a running claim up (the effect did not act), so a retry may act."""
         ...
 
-    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max) -> int:
-        """Forget up to ``limit`` outcomes settled more than ``retention_ms`` ago; how many."""
+    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
+                          prefix: str = "") -> int:
+        """Forget up to ``limit`` outcomes settled more than ``retention_ms`` ago whose keys
+        start with ``prefix`` (so one user of a tenant's keys never expires another's);
+        return how many."""
         ...
 
     async def ping(self) -> None:
@@ -269,10 +273,11 @@ class PostgresGatewayStore:
         """See :meth:`GatewayStore.release_key`."""
         await self.database.fetch(RELEASE_KEY, check_key(claim.key), claim.owner, claim.epoch)
 
-    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max) -> int:
+    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
+                          prefix: str = "") -> int:
         """See :meth:`GatewayStore.expire_keys`."""
         _check_expiry(retention_ms, limit)
-        return len(await self.database.fetch(EXPIRE_KEYS, retention_ms, limit))
+        return len(await self.database.fetch(EXPIRE_KEYS, retention_ms, limit, prefix))
 
     async def ping(self) -> None:
         """See :meth:`GatewayStore.ping`."""

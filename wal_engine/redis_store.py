@@ -102,18 +102,25 @@ if found[1] == 'running' and tonumber(found[6]) < now then expired = 1 end
 return {found[1], found[2] or false, found[3], found[4] or false, found[5] or false, expired}
 """
 
-# KEYS[1] done index; ARGV retention_ms, limit. The entries it deletes share the index's hash
-# tag (one slot), which is why naming them outside KEYS is safe here.
+# KEYS[1] done index; ARGV retention_ms, limit, entry-name prefix. The entries it deletes
+# share the index's hash tag (one slot), which is why naming them outside KEYS is safe here.
+# Entries of other prefixes are left for their own owner (and their Redis TTL); a scan looks
+# at four times ``limit`` of the oldest, so they cannot hide this prefix's for long.
 EXPIRE_SCRIPT: Final = _NOW + """
+local limit = tonumber(ARGV[2])
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]),
-                       'LIMIT', 0, tonumber(ARGV[2]))
+                       'LIMIT', 0, limit * 4)
+local prefix = ARGV[3]
 local removed = 0
 for _, entry in ipairs(old) do
-  local state = redis.call('HGET', entry, 'state')
-  if state == 'completed' or state == 'failed' then
-    removed = removed + redis.call('DEL', entry)
+  if removed >= limit then break end
+  if string.sub(entry, 1, #prefix) == prefix then
+    local state = redis.call('HGET', entry, 'state')
+    if state == 'completed' or state == 'failed' then
+      removed = removed + redis.call('DEL', entry)
+    end
+    if state ~= 'running' then redis.call('ZREM', KEYS[1], entry) end
   end
-  redis.call('ZREM', KEYS[1], entry)
 end
 return removed
 """
@@ -230,10 +237,12 @@ class RedisGatewayStore:
         await self._call(self._release, [self.entry(claim.key)],
                          [claim.owner, str(claim.epoch)])
 
-    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max) -> int:
+    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
+                          prefix: str = "") -> int:
         """See :meth:`wal_engine.idempotency.GatewayStore.expire_keys`."""
         _check_expiry(retention_ms, limit)
-        return int(await self._call(self._expire, [self.done_index], [retention_ms, limit]))
+        return int(await self._call(self._expire, [self.done_index],
+                                    [retention_ms, limit, f"{self._prefix}k:{prefix}"]))
 
     async def ping(self) -> None:
         """See :meth:`wal_engine.idempotency.GatewayStore.ping`."""

@@ -148,6 +148,18 @@ class GatewayStoreSuite:
         assert await gateway_store.read_key("running") is not None
         assert await gateway_store.claim_key(claim("b", key="old"), 60_000) is Acquired.NEW
 
+    async def test_expiry_by_prefix_leaves_other_keys(
+            self, gateway_store: GatewayStore) -> None:
+        """Expiring ``http:`` keys leaves an equally old ``idem:`` key of the same tenant."""
+        for name in ("http:a", "idem:t:1"):
+            await gateway_store.claim_key(claim("a", key=name), 60_000)
+            await gateway_store.complete_key(claim("a", key=name), "completed", b"1", None)
+        await asyncio.sleep(0.1)  # Only to age both keys past the 50 ms retention below.
+        assert await gateway_store.expire_keys(50, prefix="http:") == 1
+        assert await gateway_store.read_key("http:a") is None
+        assert await gateway_store.read_key("idem:t:1") is not None
+        assert await gateway_store.expire_keys(50) == 1
+
     async def test_large_result_round_trips(self, gateway_store: GatewayStore) -> None:
         """An 8 MiB binary result is stored and read back byte for byte."""
         big = bytes(range(256)) * (8 * 4096)

@@ -16,7 +16,7 @@ import pytest_asyncio
 from tests.gateway_support import GatewayProcess, Upstream, route
 from tests.redis_support import fresh_tenant, redis_server, require_redis
 from wal_engine.testing.postgres import DatabaseFactory
-from wal_engine.testing.redis_server import RedisServer
+from wal_engine.testing.redis_server import RedisServer, free_port
 
 __all__ = ["redis_server"]  # A fixture the gateway fixture uses.
 
@@ -56,6 +56,8 @@ async def gateway(request: pytest.FixtureRequest, upstream: Upstream, log_dir: P
         route("wait", upstream, concurrent="wait", wait_s=10.0),
         route("open", upstream),
         route("scoped", upstream, scope_header="authorization"),
+        route("slow", upstream, timeout_s=0.3),
+        {"name": "dead", "prefix": "/dead", "upstream": f"http://127.0.0.1:{free_port()}"},
     ]
     process = GatewayProcess(store, routes, log_dir, key_chars_max=64).start()
     yield process
@@ -194,6 +196,21 @@ async def test_stored_responses_survive_a_gateway_restart(
         again = await http.post("/pay/r", content=b"r", headers=keyed(key))
     assert again.headers["idempotent-replayed"] == "true" and again.json() == first.json()
     assert upstream.count(f'"{key}"') == 1
+
+
+async def test_unreachable_upstream_releases_the_key_a_timeout_settles_it(
+        client: httpx.AsyncClient, upstream: Upstream) -> None:
+    """Connection refused: 502 and the key stays free (nothing was sent). A timeout: 504,
+    recorded, since the upstream may have acted; the retry is not sent again."""
+    key = new_key()
+    for _ in range(2):
+        refused = await client.post("/dead/c", content=b"x", headers=keyed(key))
+        assert refused.status_code == 502 and "unreachable" in refused.json()["detail"]
+    slow = keyed(key, **{"x-delay-ms": "1000"})
+    assert (await client.post("/slow/c", content=b"x", headers=slow)).status_code == 504
+    again = await client.post("/slow/c", content=b"x", headers=slow)
+    assert again.status_code == 504 and "not resent" in again.json()["detail"]
+    assert upstream.counters()["received"][f'"{key}"'] == 1
 
 
 async def _until_received(upstream: Upstream, key: str, timeout_s: float = 10.0) -> None:

@@ -50,6 +50,8 @@ HOP_HEADERS: Final = frozenset({
     "content-encoding",
 })
 REPLAYED_HEADER: Final = "idempotent-replayed"
+KEY_PREFIX: Final = "http:"
+"""The gateway's keys in the store, apart from the engine's ``idem:`` keys of the tenant."""
 wait_poll_s: Final = 0.02
 settle_attempts_max: Final = 50
 STORE_ERRORS: Final = (GatewayStoreUnavailable, DatabaseUnavailable)
@@ -179,7 +181,7 @@ class Gateway:
     async def _keyed(self, incoming: Incoming, key: str, request: Request) -> tuple[Response, str]:
         route = incoming.route
         scope = route.scope_header and request.headers.get(route.scope_header)
-        store_key = f"http:{route.name}:{scope_digest(scope or None)}:{key}"
+        store_key = f"{KEY_PREFIX}{route.name}:{scope_digest(scope or None)}:{key}"
         print_ = fingerprint(incoming.method, incoming.target,
                              request.headers.get("content-type", ""), incoming.body)
         claim = Claim(key=store_key, owner=f"{self.gateway_id}:{uuid.uuid4().hex}:{print_}",
@@ -382,6 +384,7 @@ async def expire_forever(gateway: Gateway) -> None:
     while True:
         await asyncio.sleep(settings.expire_every_s)
         try:
-            await gateway.store.expire_keys(int(settings.retention_s * 1000))
+            await gateway.store.expire_keys(int(settings.retention_s * 1000),
+                                            prefix=KEY_PREFIX)
         except STORE_ERRORS:
             gateway.metrics.request("-", "expire_failed")

@@ -1,4 +1,5 @@
-"""A real upstream API for the gateway tests: ``python -m tests.gateway_upstream PORT``.
+"""A real upstream API for gateway tests and benchmarks:
+``python -m wal_engine.testing.upstream PORT``.
 
 Every POST, PUT, PATCH or DELETE is a mutation, counted per ``Idempotency-Key`` header value
 (``-`` without one). It does not deduplicate: that is what the gateway in front of it is for.
@@ -50,6 +51,11 @@ app = Starlette(routes=[
 ])
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Serve on 127.0.0.1:PORT until killed."""
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
                 access_log=False)
+
+
+if __name__ == "__main__":
+    main()
