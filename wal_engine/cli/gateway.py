@@ -35,15 +35,10 @@ async def _gateway(config_path: Path, listen: str | None, check: bool) -> None:
     except ImportError as error:
         raise CliError("the gateway needs its extra: pip install 'wal-engine[gateway]' "
                        f"({error.name} is missing)", EXIT_USAGE) from error
-    import msgspec
-
     from wal_engine.gateway.config import load_config
     from wal_engine.gateway.server import serve
 
-    config = load_config(config_path)
-    if listen is not None:
-        config = msgspec.structs.replace(
-            config, gateway=msgspec.structs.replace(config.gateway, listen=listen))
+    config = load_config(config_path, listen=listen)
     if check:
         click.echo(f"{config_path}: {len(config.routes)} route(s), {config.store.kind} store")
         return

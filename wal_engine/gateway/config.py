@@ -101,14 +101,17 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def load_config(path: Path) -> GatewayConfig:
-    """Read and check the file at ``path``."""
+def load_config(path: Path, *, listen: str | None = None) -> GatewayConfig:
+    """Read and check the file at ``path``; ``listen`` overrides ``gateway.listen``."""
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as error:
         raise ConfigurationError(f"gateway config {path}: {error.strerror}") from error
     except tomllib.TOMLDecodeError as error:
         raise ConfigurationError(f"gateway config {path}: {error}") from error
+    if listen is not None:
+        settings = raw.get("gateway")
+        raw["gateway"] = {**(settings if isinstance(settings, dict) else {}), "listen": listen}
     return parse_config(raw, str(path))
 
 
