@@ -42,7 +42,10 @@ class Targets:
     """The processes and one client per target."""
 
     def __init__(self, upstream: Upstream, gateways: dict[str, GatewayProcess]) -> None:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        # Idle connections expire before the upstream's (uvicorn's 5 s) keep-alive does, so
+        # a round never reuses a connection the server is closing.
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256,
+                              keepalive_expiry=2.0)
         self.direct = httpx.AsyncClient(base_url=upstream.url, timeout=30, limits=limits)
         self.through = {name: httpx.AsyncClient(base_url=gateway.url, timeout=30,
                                                 limits=limits)

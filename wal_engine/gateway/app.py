@@ -53,6 +53,10 @@ REPLAYED_HEADER: Final = "idempotent-replayed"
 KEY_PREFIX: Final = "http:"
 """The gateway's keys in the store, apart from the engine's ``idem:`` keys of the tenant."""
 wait_poll_s: Final = 0.02
+UPSTREAM_KEEPALIVE_S: Final = 2.0
+CLIENT_KEEPALIVE_S: Final = 75
+"""How long the gateway keeps an idle client connection (longer than clients keep theirs,
+for the same reason as ``UPSTREAM_KEEPALIVE_S``)."""
 settle_attempts_max: Final = 50
 STORE_ERRORS: Final = (GatewayStoreUnavailable, DatabaseUnavailable)
 
@@ -189,25 +193,29 @@ class Gateway:
         waits_s = route.wait_s if route.concurrent == "wait" else 0.0
         deadline = time.monotonic() + waits_s
         # Bounded: one pass per poll while waiting, plus a few for released claims.
+        # Read before claiming: a repeat (the hit path) is then one read, and PostgreSQL's
+        # claim, which locks the row and so commits with a flush even when it loses, is
+        # left to keys that are free or in flight.
         for _ in range(int(waits_s / wait_poll_s) + settle_attempts_max):
+            answer = await self._settled(store_key, print_, deadline)
+            if answer is not None:
+                return answer
             acquired = await self.store.claim_key(claim, route.lease_ms)
             if acquired is Acquired.NEW:
                 return await self._forward_once(incoming, claim, print_), "forwarded"
             if acquired is Acquired.TAKEN_OVER:
                 return await self._in_doubt(incoming, claim, print_)
-            answer = await self._settled(store_key, print_, deadline)
-            if answer is not None:
-                return answer
             await asyncio.sleep(wait_poll_s)
         raise Problem(409, "Conflict", "the request with this key is still in flight",
                       "conflict", {"retry-after": "1"})
 
     async def _settled(self, store_key: str, print_: str, deadline: float
                        ) -> tuple[Response, str] | None:
-        """The answer for a key someone else claimed, or None to claim again."""
+        """The answer stored or pending under the key, or None to try a claim (the key is
+        free, its holder died, or this request waits)."""
         record = await self.store.read_key(store_key)
         if record is None:
-            return None  # Released between our claim and this read: claim again.
+            return None
         if record.state == "completed" and record.result is not None:
             stored = _decode_response(record.result)
             _same_request(stored.fingerprint, print_)
@@ -344,7 +352,11 @@ def create_app(config: GatewayConfig,
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         store: GatewayStore = await open_store()
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+        # Idle upstream connections are dropped well before the 5 s after which common
+        # servers (uvicorn, many proxies) close them: a request sent on a connection the
+        # upstream is closing fails after it was written, which makes it in doubt.
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=100,
+                              keepalive_expiry=UPSTREAM_KEEPALIVE_S)
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as client:
             gateway = Gateway(config, store, client, metrics)
             state["gateway"] = gateway

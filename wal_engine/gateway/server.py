@@ -30,11 +30,12 @@ async def serve(config: GatewayConfig) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn's handlers), then drain and close."""
     import uvicorn
 
-    from wal_engine.gateway.app import create_app
+    from wal_engine.gateway.app import CLIENT_KEEPALIVE_S, create_app
 
     host, port = config.host_port
     app = create_app(config, lambda: open_store(config))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, lifespan="on",
+                                           timeout_keep_alive=CLIENT_KEEPALIVE_S,
                                            timeout_graceful_shutdown=30))
     await server.serve()
