@@ -11,7 +11,10 @@ keep-alive client per target).
   each on Redis and on PostgreSQL. The ratio column is the gateway's cost over the direct call.
 * **throughput**: each operation sends ``--concurrency`` requests at once (new keys), so
   events/s is requests/s; the same against the upstream alone is the reference. The load
-  generator shares the machine's cores with the gateway and the upstream.
+  generator shares the machine's cores with the gateway and the upstream, so requests/s
+  depends on everything else the machine runs; the CPU time the gateway process itself
+  spends per request (``/proc/PID/stat`` before and after 20 x ``--ops`` requests) does
+  not, and gives the requests/s one process can serve on a core of its own.
 
 Usage: ``python -m benchmarks.gateway [--dsn DSN] [--quick] [--rounds N] [--ops N]
 [--concurrency N]``.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +54,8 @@ class Targets:
         self.through = {name: httpx.AsyncClient(base_url=gateway.url, timeout=30,
                                                 limits=limits)
                         for name, gateway in gateways.items()}
+
+        self.pids: dict[str, int] = {}
 
     async def close(self) -> None:
         """Close every client."""
@@ -126,6 +132,36 @@ def throughput_workload(targets: Targets, ops: int, concurrency: int) -> harness
                             contenders=contenders, ops_per_round=ops, warmup_ops=1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_request(client: httpx.AsyncClient, pid: int, requests: int,
+                          concurrency: int, keyed: bool) -> float:
+    """CPU microseconds the process ``pid`` spends per request over ``requests`` new-key
+    requests: a figure the other processes on the machine do not change, unlike requests/s."""
+    operation = burst(client, concurrency, keyed)
+    await operation()
+    before = cpu_seconds(pid)
+    for _ in range(max(1, requests // concurrency)):
+        await operation()
+    return (cpu_seconds(pid) - before) * 1e6 / (max(1, requests // concurrency) * concurrency)
+
+
+async def cpu_figures(targets: Targets, pids: dict[str, int], requests: int,
+                      concurrency: int) -> dict[str, float]:
+    """CPU µs per request: the upstream served directly, and each gateway process (its own
+    CPU only: the upstream's and the store's are not in it)."""
+    figures = {"upstream, direct": await cpu_per_request(
+        targets.direct, pids["upstream"], requests, concurrency, keyed=False)}
+    for name, client in targets.through.items():
+        figures[f"gateway {name}, new keys"] = await cpu_per_request(
+            client, pids[name], requests, concurrency, keyed=True)
+    return figures
+
+
 @contextlib.asynccontextmanager
 async def processes(dsn: str, work_dir: Path) -> AsyncIterator[Targets]:
     """Upstream, Redis and the two gateways, killed at the end."""
@@ -139,6 +175,8 @@ async def processes(dsn: str, work_dir: Path) -> AsyncIterator[Targets]:
             {"kind": "postgres", "url": dsn, "development": True}, [route("pay", upstream)],
             work_dir).start()
         targets = Targets(upstream, gateways)
+        targets.pids = {"upstream": upstream.process.pid,
+                        **{name: _pid(gateway) for name, gateway in gateways.items()}}
         try:
             yield targets
         finally:
@@ -150,7 +188,12 @@ async def processes(dsn: str, work_dir: Path) -> AsyncIterator[Targets]:
         upstream.close()
 
 
-def summary(results: list[harness.WorkloadResult]) -> str:
+def _pid(gateway: GatewayProcess) -> int:
+    assert gateway.process is not None
+    return gateway.process.pid
+
+
+def summary(results: list[harness.WorkloadResult], cpu: dict[str, float]) -> str:
     """The added latency per request in plain words."""
     latency = next((r for r in results if r.name == "latency"), None)
     if latency is None:
@@ -162,6 +205,11 @@ def summary(results: list[harness.WorkloadResult]) -> str:
             continue
         lines.append(f"- {result.name}: +{result.p50_us - direct.p50_us:,.0f} / "
                      f"+{result.p99_us - direct.p99_us:,.0f}")
+    if cpu:
+        lines += ["", "CPU per request of one process (µs; requests/s it could serve on one "
+                      "core of its own):"]
+        lines += [f"- {name}: {micros:,.0f} ({1e6 / micros:,.0f}/s)" if micros else
+                  f"- {name}: below the clock's resolution" for name, micros in cpu.items()]
     return "\n".join(lines)
 
 
@@ -175,6 +223,7 @@ async def main() -> int:
     machine = await harness.describe_machine(dsn)
     names = harness.selected(["latency", "throughput"], args)
     results: list[harness.WorkloadResult] = []
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="wal-bench-gateway-") as work:
         async with processes(dsn, Path(work)) as targets:
             if "latency" in names:
@@ -185,10 +234,13 @@ async def main() -> int:
                 results.append(await harness.run_workload(
                     throughput_workload(targets, burst_ops, args.concurrency),
                     rounds=settings.rounds))
+                cpu = await cpu_figures(targets, targets.pids, settings.ops * 20,
+                                        args.concurrency)
     print(harness.format_report(NAME, machine, results, settings))
-    print(summary(results))
+    print(summary(results, cpu))
     if not args.no_json:
-        extra: dict[str, Any] = {"concurrency": args.concurrency, "redis": "AOF always"}
+        extra: dict[str, Any] = {"concurrency": args.concurrency, "redis": "AOF always",
+                                 "cpu_us_per_request": cpu}
         path = harness.write_json(NAME, machine, results, settings, path=args.json_path,
                                   extra=extra)
         print(f"Results written to {path}")
