@@ -26,20 +26,26 @@ zombie's first attempt.
 
 :meth:`run_in_transaction` is the exactly-once form for effects on this same database: the
 effect, the dedup row and (through ``on_commit_events``) the result event commit together.
+
+Where the keys live is a :class:`GatewayStore`: :class:`PostgresGatewayStore` (the table
+``wal_idempotency``, the default) or :class:`wal_engine.redis_store.RedisGatewayStore` (the
+``redis`` extra). :meth:`run_once` works on either; :meth:`run_in_transaction` always uses
+PostgreSQL, since its point is to commit with the effect in one database transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import asyncpg
 import msgspec
 
 from wal_engine import metrics, payloads
-from wal_engine.errors import DatabaseUnavailable, WalError
+from wal_engine.errors import ConfigurationError, DatabaseUnavailable, InvalidInput, WalError
 from wal_engine.redaction import Redactor, no_redaction, redact_text
 from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
 
@@ -48,6 +54,9 @@ T = TypeVar("T")
 claim_ttl_ms_default: Final = 60_000
 wait_poll_s: Final = 0.05
 wait_max_s: Final = 300.0
+key_chars_max: Final = 512
+"""The longest key any store accepts (the bound ``wal_idempotency.key`` checks)."""
+expire_batch_max: Final = 1000
 
 CLAIM_KEY: Final = """
 INSERT INTO wal_idempotency AS k (key, task_id, state, owner, epoch, expires_at)
@@ -57,7 +66,7 @@ ON CONFLICT (tenant, key) DO UPDATE
        expires_at = EXCLUDED.expires_at
  WHERE k.state = 'running'
    AND (k.epoch < EXCLUDED.epoch OR (k.epoch = EXCLUDED.epoch AND k.expires_at < now()))
-RETURNING state
+RETURNING state, xmax <> '0'::xid AS took_over
 """
 
 READ_KEY: Final = """
@@ -83,6 +92,21 @@ INSERT INTO wal_idempotency (key, task_id, state, owner, epoch) VALUES ($1, $2, 
 # hold no DELETE on shared tables (docs/architecture.md, decision 35).
 RELEASE_KEY: Final = "SELECT wal_release_key($1, $2, $3)"
 
+# Settled keys past their retention, oldest first, a bounded batch per call. Running claims
+# stay: their epoch is what fences a zombie holder.
+EXPIRE_KEYS: Final = """
+DELETE FROM wal_idempotency
+ WHERE tenant = current_setting('wal.tenant', true)
+   AND key IN (SELECT key FROM wal_idempotency
+                WHERE tenant = current_setting('wal.tenant', true) AND state <> 'running'
+                  AND completed_at < now() - $1 * interval '1 millisecond'
+                  AND starts_with(key, $3)
+                ORDER BY completed_at LIMIT $2)
+RETURNING key
+"""
+
+PING: Final = "SELECT 1"
+
 
 class StaleEpoch(WalError):
     """A caller holding an older lease epoch than the key's holder tried to act."""
@@ -105,6 +129,24 @@ class EffectFailed(WalError):
         self.error = error
 
 
+class InvalidKey(InvalidInput):
+    """An idempotency key no store accepts (empty, too long, or holding a NUL)."""
+
+    def __init__(self, key: object, reason: str) -> None:
+        shown = repr(key)
+        super().__init__(f"idempotency key {shown[:80]}: {reason}")
+        self.reason = reason
+
+
+class GatewayStoreUnavailable(WalError):
+    """The gateway store (Redis) did not answer; nothing is known to have changed."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"gateway store {where} unavailable: {reason}")
+        self.where = where
+        self.reason = reason
+
+
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
     """Who acts under a key."""
 
@@ -114,12 +156,158 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str | None = None
 
 
-class IdempotencyGateway:
-    """At-most-once execution per key on ``wal_idempotency``."""
+class Acquired(enum.Enum):
+    """What a claim attempt got."""
 
-    def __init__(self, database: Database, *, claim_ttl_ms: int = claim_ttl_ms_default,
-                 redactor: Redactor = no_redaction) -> None:
+    NEW = "new"
+    """The key was free: nobody acted under it before."""
+    TAKEN_OVER = "taken_over"
+    """A running claim of a presumed-dead holder (newer epoch, or expired): it may have
+    acted already."""
+    HELD = "held"
+    """Someone else holds the key, or it is settled: read it."""
+
+
+class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a store holds for one key."""
+
+    state: Literal["running", "completed", "failed"]
+    owner: str | None
+    epoch: int
+    result: bytes | None
+    error: str | None
+    expired: bool
+    """A running claim whose lease is over (always False once settled)."""
+
+
+Settled = Literal["completed", "failed"]
+
+
+class GatewayStore(Protocol):
+    """Where keys, claims and outcomes live (PostgreSQL, Redis).
+
+    Every implementation runs the abstract suite in ``tests/integration/gateway_store_suite.py``.
+    The rules they share: a claim is won when the key is free, or held by an older epoch, or
+    by the same epoch with an expired lease; only the holder (key, owner and epoch equal)
+    records an outcome or releases; a settled key is never claimed again until it expires.
+    """
+
+    async def claim_key(self, claim: Claim, ttl_ms: int) -> Acquired:
+        """Try to take ``claim.key`` for ``claim.owner`` at ``claim.epoch``."""
+        ...
+
+    async def read_key(self, key: str) -> KeyRecord | None:
+        """What is stored under ``key``, or None."""
+        ...
+
+    async def complete_key(self, claim: Claim, state: Settled, result: bytes | None,
+                           error: str | None) -> bool:
+        """Record the outcome; False when ``claim`` no longer holds the key."""
+        ...
+
+    async def release_key(self, claim: Claim) -> None:
+        """Give a running claim up (the effect did not act), so a retry may act."""
+        ...
+
+    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
+                          prefix: str = "") -> int:
+        """Forget up to ``limit`` outcomes settled more than ``retention_ms`` ago whose keys
+        start with ``prefix`` (so one user of a tenant's keys never expires another's);
+        return how many."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise unless the store answers."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections the store opened itself."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """``key`` if every store can hold it; else :class:`InvalidKey` (nothing is written)."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(key, "must be a non-empty string")
+    if len(key) > key_chars_max:
+        raise InvalidKey(key, f"longer than {key_chars_max} characters")
+    if "\x00" in key:
+        raise InvalidKey(key, "holds a NUL character")
+    return key
+
+
+class PostgresGatewayStore:
+    """Keys in ``wal_idempotency`` of the engine's database, scoped to its tenant."""
+
+    def __init__(self, database: Database, *, owns_database: bool = False) -> None:
         self.database = database
+        self._owns_database = owns_database
+
+    async def claim_key(self, claim: Claim, ttl_ms: int) -> Acquired:
+        """See :meth:`GatewayStore.claim_key`."""
+        row = await self.database.fetchrow(CLAIM_KEY, check_key(claim.key), claim.task_id,
+                                           claim.owner, claim.epoch, ttl_ms)
+        if row is None:
+            return Acquired.HELD
+        return Acquired.TAKEN_OVER if row["took_over"] else Acquired.NEW
+
+    async def read_key(self, key: str) -> KeyRecord | None:
+        """See :meth:`GatewayStore.read_key`."""
+        row = await self.database.fetchrow(READ_KEY, check_key(key))
+        if row is None:
+            return None
+        return KeyRecord(state=row["state"], owner=row["owner"], epoch=int(row["epoch"]),
+                         result=row["result"], error=row["error"],
+                         expired=bool(row["expired"]))
+
+    async def complete_key(self, claim: Claim, state: Settled, result: bytes | None,
+                           error: str | None) -> bool:
+        """See :meth:`GatewayStore.complete_key`."""
+        done = await self.database.fetch(COMPLETE_KEY, check_key(claim.key), claim.owner,
+                                         claim.epoch, state, result, error)
+        return bool(done)
+
+    async def release_key(self, claim: Claim) -> None:
+        """See :meth:`GatewayStore.release_key`."""
+        await self.database.fetch(RELEASE_KEY, check_key(claim.key), claim.owner, claim.epoch)
+
+    async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
+                          prefix: str = "") -> int:
+        """See :meth:`GatewayStore.expire_keys`."""
+        _check_expiry(retention_ms, limit)
+        return len(await self.database.fetch(EXPIRE_KEYS, retention_ms, limit, prefix))
+
+    async def ping(self) -> None:
+        """See :meth:`GatewayStore.ping`."""
+        await self.database.fetch(PING)
+
+    async def close(self) -> None:
+        """Close the database if the store was handed it to own (``owns_database``)."""
+        if self._owns_database:
+            await self.database.close()
+
+
+def _check_expiry(retention_ms: int, limit: int) -> None:
+    if retention_ms < 0:
+        raise ConfigurationError("retention_ms must be >= 0")
+    if not 1 <= limit <= expire_batch_max:
+        raise ConfigurationError(f"limit must be between 1 and {expire_batch_max}")
+
+
+class IdempotencyGateway:
+    """At-most-once execution per key on a :class:`GatewayStore` (``wal_idempotency`` by
+    default)."""
+
+    def __init__(self, database: Database | None = None, *,
+                 store: GatewayStore | None = None,
+                 claim_ttl_ms: int = claim_ttl_ms_default,
+                 redactor: Redactor = no_redaction) -> None:
+        if store is None:
+            if database is None:
+                raise ConfigurationError("IdempotencyGateway needs a database or a store")
+            store = PostgresGatewayStore(database)
+        self.database = database
+        self.store = store
         self.claim_ttl_ms = claim_ttl_ms
         self.redactor = redactor
         """Applied to results and errors before they are stored; every caller, the first
@@ -134,10 +322,8 @@ class IdempotencyGateway:
         """
         deadline = asyncio.get_running_loop().time() + wait_max_s
         while True:
-            won = await self.database.fetch(
-                CLAIM_KEY, claim.key, claim.task_id, claim.owner, claim.epoch, self.claim_ttl_ms
-            )
-            if won:
+            acquired = await self.store.claim_key(claim, self.claim_ttl_ms)
+            if acquired is not Acquired.HELD:
                 return await self._act(claim, effect)
             settled = await self._settled(claim)
             if settled is not _pending:
@@ -150,48 +336,48 @@ class IdempotencyGateway:
         try:
             result = await effect()
         except BaseException:
-            await self.database.fetch(RELEASE_KEY, claim.key, claim.owner, claim.epoch)
+            await self.store.release_key(claim)
             raise
         result = self.redactor(result)
         encoded = payloads.encode_payload(result)
-        done = await self.database.fetch(
-            COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed", encoded, None
-        )
-        if not done:
-            row = await self.database.fetchrow(READ_KEY, claim.key)
-            raise StaleEpoch(claim.key, claim.epoch, int(row["epoch"]) if row else -1)
+        if not await self.store.complete_key(claim, "completed", encoded, None):
+            record = await self.store.read_key(claim.key)
+            raise StaleEpoch(claim.key, claim.epoch, record.epoch if record else -1)
         return result
 
     async def _settled(self, claim: Claim) -> Any:
         """The stored outcome of a key someone else holds, or ``_pending`` while it runs."""
-        row = await self.database.fetchrow(READ_KEY, claim.key)
-        if row is None:
+        record = await self.store.read_key(claim.key)
+        if record is None:
             return _pending  # Released between our claim attempt and this read: try again.
-        if row["epoch"] > claim.epoch:
+        if record.epoch > claim.epoch:
             # A newer owner holds (or held) the key: this caller is a zombie, refused even
             # when the answer is known, so it learns it was fenced.
-            raise StaleEpoch(claim.key, claim.epoch, int(row["epoch"]))
-        if row["state"] == "completed":
+            raise StaleEpoch(claim.key, claim.epoch, record.epoch)
+        if record.state == "completed":
             metrics.effect_deduplicated()
-            return payloads.decode_payload(row["result"])
-        if row["state"] == "failed":
-            raise EffectFailed(claim.key, str(row["error"]))
+            return None if record.result is None else payloads.decode_payload(record.result)
+        if record.state == "failed":
+            raise EffectFailed(claim.key, str(record.error))
         return _pending
 
     async def fail(self, claim: Claim, error: str) -> None:
         """Record a permanent failure as the key's answer (later callers get EffectFailed)."""
         error = redact_text(self.redactor, error)
-        await self.database.fetch(
-            COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "failed", None, error
-        )
+        await self.store.complete_key(claim, "failed", None, error)
 
     async def lookup(self, key: str) -> tuple[str, Any] | None:
         """``(state, result)`` recorded for ``key``, or None (the T-lookup reconciliation)."""
-        row = await self.database.fetchrow(READ_KEY, key)
-        if row is None:
+        record = await self.store.read_key(key)
+        if record is None:
             return None
-        result = None if row["result"] is None else payloads.decode_payload(row["result"])
-        return str(row["state"]), result
+        result = None if record.result is None else payloads.decode_payload(record.result)
+        return record.state, result
+
+    def _transaction_database(self) -> Database:
+        if self.database is None:
+            raise ConfigurationError("run_in_transaction needs the gateway's database")
+        return self.database
 
     async def run_in_transaction(
         self,
@@ -209,7 +395,7 @@ class IdempotencyGateway:
                 return await self._transaction_once(claim, effect, on_commit)
             except asyncpg.exceptions.UniqueViolationError:
                 # A racer committed the key first; its stored result is the answer.
-                settled = await self._settled(claim)
+                settled = await self._settled_in_database(claim)
                 if settled is not _pending:
                     return settled
             except asyncpg.PostgresError as error:
@@ -218,7 +404,7 @@ class IdempotencyGateway:
                 if error.sqlstate not in TRANSIENT_SQLSTATES:
                     raise
                 if attempt == 3:
-                    raise DatabaseUnavailable(self.database.dsn_redacted,
+                    raise DatabaseUnavailable(self._transaction_database().dsn_redacted,
                                               f"SQLSTATE {error.sqlstate}: {error}") from error
                 await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
         raise TimeoutError(f"key {claim.key!r} is held by another transaction")
@@ -229,7 +415,9 @@ class IdempotencyGateway:
         effect: Callable[[asyncpg.Connection], Awaitable[T]],
         on_commit: Callable[[asyncpg.Connection, T], Awaitable[None]] | None,
     ) -> T | Any:
-        async with self.database.pool.acquire() as connection, connection.transaction():
+        check_key(claim.key)
+        database = self._transaction_database()
+        async with database.pool.acquire() as connection, connection.transaction():
             existing = await connection.fetchrow(READ_KEY, claim.key)
             if existing is not None and existing["epoch"] > claim.epoch:
                 raise StaleEpoch(claim.key, claim.epoch, int(existing["epoch"]))
@@ -246,6 +434,13 @@ class IdempotencyGateway:
             if on_commit is not None:
                 await on_commit(connection, result)
             return result
+
+    async def _settled_in_database(self, claim: Claim) -> Any:
+        """Like :meth:`_settled`, on ``wal_idempotency`` whatever the gateway's store is."""
+        if isinstance(self.store, PostgresGatewayStore):
+            return await self._settled(claim)
+        gateway = IdempotencyGateway(self._transaction_database(), redactor=self.redactor)
+        return await gateway._settled(claim)
 
 
 class _Pending:

@@ -1,0 +1,41 @@
+"""Run the gateway: open the configured store, serve the app with uvicorn."""
+
+from __future__ import annotations
+
+from wal_engine.gateway.config import GatewayConfig
+from wal_engine.idempotency import GatewayStore, PostgresGatewayStore
+
+
+async def open_store(config: GatewayConfig) -> GatewayStore:
+    """The store ``config.store`` names, opened (the gateway closes it at shutdown)."""
+    settings = config.store
+    retention_ms = int(config.gateway.retention_s * 1000)
+    if settings.kind == "redis":
+        from wal_engine.redis_store import RedisGatewayStore
+
+        assert settings.url is not None  # parse_config requires it for redis.
+        store = RedisGatewayStore.from_url(settings.url, tenant=settings.tenant,
+                                           retention_ms=retention_ms)
+        await store.ping()
+        return store
+    from wal_engine.store import Database
+
+    database = await Database.open(settings.url, tenant=settings.tenant,
+                                   development=settings.development or None,
+                                   application_name="wal-engine:gateway")
+    return PostgresGatewayStore(database, owns_database=True)
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Serve until SIGINT or SIGTERM (uvicorn's handlers), then drain and close."""
+    import uvicorn
+
+    from wal_engine.gateway.app import CLIENT_KEEPALIVE_S, create_app
+
+    host, port = config.host_port
+    app = create_app(config, lambda: open_store(config))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           access_log=False, lifespan="on",
+                                           timeout_keep_alive=CLIENT_KEEPALIVE_S,
+                                           timeout_graceful_shutdown=30))
+    await server.serve()
