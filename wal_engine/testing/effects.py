@@ -148,7 +148,7 @@ class EffectStats:
 # ---------------------------------------------------------------------- the drawn plans
 
 OUTCOME_WEIGHTS: Final = {"return": 80, "did_not_act": 20, "act_then_raise": 30,
-                          "act_then_sleep": 12, "lose_connections": 6, "block": 1}
+                          "act_then_sleep": 12, "lose_connections": 6, "block": 2}
 """How often each first-attempt outcome is drawn: blocking past the lease costs more than a
 second a call, so it is rare."""
 RESULT_WEIGHTS: Final = {"plain": 24, "huge": 1, "nan": 1, "nul": 1, "hostile": 1}
