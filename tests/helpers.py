@@ -74,3 +74,13 @@ async def run_module(module: str, *args: str, timeout_s: float) -> str:
     output = stdout.decode()
     assert process.returncode == 0, f"exit {process.returncode}\n{output}\n{stderr.decode()}"
     return output
+
+
+async def escalations(engine: Any, task_id: str) -> list[ev.ToolCallUncertain]:
+    """The ``tool_call_uncertain`` events of a task, in order."""
+    found = []
+    for record in await engine.history(task_id):
+        event = record.decode()
+        if isinstance(event, ev.ToolCallUncertain):
+            found.append(event)
+    return found

@@ -164,16 +164,13 @@ class Worker:
             await self._claim_loop(until_idle)
             await self._drain()
         finally:
-            for task in loops:
+            # A worker that ends without draining (cancelled) takes its runs with it: left
+            # running, they would go on with no keeper renewing their leases and no thread
+            # pool for their sync calls (which would fail as if the tool had).
+            abandoned = [*loops, *self._run_tasks]
+            for task in abandoned:
                 task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            # Runs still going (the worker itself was cancelled, not stopped) are owned by
-            # the worker: they unwind at their current await, writing nothing more, before
-            # the thread pool they may be using goes away.
-            runs = list(self._run_tasks)
-            for task in runs:
-                task.cancel()
-            await asyncio.gather(*runs, return_exceptions=True)
+            await asyncio.gather(*abandoned, return_exceptions=True)
             await asyncio.to_thread(self.keeper.stop)
             # Threads of sync calls still running (timed out, their task handed back) are
             # not waited for: they cannot be interrupted, and their calls are in doubt in

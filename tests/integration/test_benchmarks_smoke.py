@@ -50,3 +50,33 @@ async def test_tenancy_quick_run_compares_the_policies(database_dsn: str) -> Non
         rows = [line for line in output.splitlines() if line.startswith(f"| {workload} |")]
         assert any("before: policy on wal.tenant (ref)" in line for line in rows), output
         assert any("after: policy on the login role" in line for line in rows), output
+
+
+async def test_sync_tools_quick_run_compares_def_tools_with_async_ones(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """`python -m benchmarks.sync_tools --quick` exits 0 and reports, for the executor hop
+    and for a whole tool step, the def tool beside the async reference of the same run."""
+    results = tmp_path / "sync_tools.json"
+    output = await run_module("benchmarks.sync_tools", "--quick", "--dsn", database_dsn,
+                              "--json", str(results), timeout_s=RUN_TIMEOUT_S)
+    for workload, reference, contender in (
+            ("dispatch", "async tool on the loop (ref)", "def tool on the thread pool"),
+            ("tool_step", "async tool step (ref)", "def tool step")):
+        rows = [line for line in output.splitlines() if line.startswith(f"| {workload} |")]
+        assert any(reference in line for line in rows), output
+        assert any(contender in line for line in rows), output
+    document = json.loads(results.read_text())
+    assert {w["name"] for w in document["workloads"]} == {"dispatch", "tool_step"}
+
+
+async def test_loop_stall_quick_run_reports_the_worst_lag(database_dsn: str,
+                                                          tmp_path: Path) -> None:
+    """`python -m benchmarks.loop_stall` exits 0 and writes the worst loop lag it saw while
+    def tools blocked (on this revision, off the loop)."""
+    results = tmp_path / "loop_stall.json"
+    await run_module("benchmarks.loop_stall", "--tasks", "1", "--label", "smoke",
+                     "--dsn", database_dsn, "--json", str(results), timeout_s=RUN_TIMEOUT_S)
+    figures = json.loads(results.read_text())["smoke"]
+    assert figures["calls"] == 8 and figures["probes"] > 0
+    assert figures["worst_lag_ms"] >= figures["p99_lag_ms"] >= figures["p50_lag_ms"]

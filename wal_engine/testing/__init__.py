@@ -13,6 +13,8 @@ What is here (see ``docs/testing.md`` for a walk-through):
   signals, driving tasks to their end, the crash-free run.
 * :mod:`wal_engine.testing.processes`: worker subprocesses killed with SIGKILL at a point.
 * :mod:`wal_engine.testing.machine`: the Hypothesis ``RuleBasedStateMachine``.
+* :mod:`wal_engine.testing.effects`: the effect-safety model (the machine on agents drawn
+  from every call kind, each call misbehaving as drawn).
 * :mod:`wal_engine.testing.replay`: replay recorded histories against today's code (the
   check of :mod:`wal_engine.replay_check`, the CLI's ``replay``) and history files.
 * :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
@@ -32,6 +34,7 @@ _lazy = {
     "start_test_server": "wal_engine.testing.postgres",
     "EffectLedger": "wal_engine.testing.ledger",
     "StaleDelivery": "wal_engine.testing.ledger",
+    "Behaviour": "wal_engine.testing.ledger",
     "check_effects": "wal_engine.testing.ledger",
     "crash_at": "wal_engine.testing.crash",
     "drive_to_quiescence": "wal_engine.testing.crash",
@@ -39,6 +42,7 @@ _lazy = {
     "advance_timers": "wal_engine.testing.crash",
     "deliver_signals": "wal_engine.testing.crash",
     "run_crash_free": "wal_engine.testing.crash",
+    "run_crash_free_many": "wal_engine.testing.crash",
     "run_worker_until_idle": "wal_engine.testing.crash",
     "outcome": "wal_engine.testing.crash",
     "WorkerProcess": "wal_engine.testing.processes",
@@ -48,6 +52,8 @@ _lazy = {
     "MachineStats": "wal_engine.testing.machine",
     "crash_machine": "wal_engine.testing.machine",
     "run_crash_machine": "wal_engine.testing.machine",
+    "EffectStats": "wal_engine.testing.effects",
+    "run_effect_model": "wal_engine.testing.effects",
     "check_history": "wal_engine.replay_check",
     "replay_events": "wal_engine.replay_check",
     "ReplayMismatch": "wal_engine.testing.replay",

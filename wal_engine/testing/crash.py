@@ -153,7 +153,11 @@ def default_responder(engine: Engine, signals: dict[str, Any] | None = None) -> 
             return True
         if name.startswith("~reconcile:"):
             call_id = name.removeprefix("~reconcile:")
-            await engine.reconcile(task_id, call_id, error="reconciled as failed by the test")
+            # Forced: the grace period guards against a human doing the effect by hand
+            # while the attempt may still act; reconciling "as failed" does no effect, so
+            # it cannot make one happen twice (and the test need not wait out a lease).
+            await engine.reconcile(task_id, call_id, error="reconciled as failed by the test",
+                                   force=True)
             return True
         if name in payloads:
             await engine.signal(task_id, name, payloads[name])
@@ -205,16 +209,31 @@ async def drive_to_quiescence(engine: Engine, task_ids: Sequence[str] | None = N
 
 async def run_crash_free(engine: Engine, agent: str, task_input: Any, *,
                          responder: Responder | None = None, task_id: str | None = None,
-                         deadline_s: float = 60.0) -> AgentState:
-    """Submit ``agent(task_input)`` and drive it to its end with no fault armed."""
+                         deadline_s: float = 60.0, **timings: Any) -> AgentState:
+    """Submit ``agent(task_input)`` and drive it to its end with no fault armed (workers
+    with ``timings``, default :data:`FAST_TIMINGS`)."""
+    [state] = await run_crash_free_many(engine, [(agent, task_input, task_id)],
+                                        responder=responder, deadline_s=deadline_s, **timings)
+    return state
+
+
+async def run_crash_free_many(engine: Engine, runs: Sequence[tuple[str, Any, str | None]], *,
+                              responder: Responder | None = None, deadline_s: float = 60.0,
+                              **timings: Any) -> list[AgentState]:
+    """Submit every ``(agent, input, task_id)`` and drive them together to their end with no
+    fault armed (one worker runs them side by side: a batch costs about its slowest task).
+    Returns their final states, in order."""
     failpoints.disarm()
-    chosen = await engine.submit(agent, task_input, task_id=task_id)
-    left = await drive_to_quiescence(engine, [chosen], responder=responder,
-                                     deadline_s=deadline_s, worker_id="crash-free")
+    chosen = [await engine.submit(agent, task_input, task_id=task_id)
+              for agent, task_input, task_id in runs]
+    left = await drive_to_quiescence(engine, chosen, responder=responder, deadline_s=deadline_s,
+                                     worker_id="crash-free",
+                                     **{"concurrency": max(4, len(chosen)), **timings})
     if left:
-        raise AssertionError(f"crash-free run of {agent!r} did not finish: "
-                             f"{(await engine.head(chosen)).status}")
-    return await engine.state(chosen)
+        heads = [str((await engine.head(task_id)).status) for task_id in left]
+        unfinished = dict(zip(left, heads, strict=True))
+        raise AssertionError(f"crash-free runs did not finish: {unfinished}")
+    return [await engine.state(task_id) for task_id in chosen]
 
 
 def is_terminal(head: TaskHead) -> bool:
@@ -264,6 +283,7 @@ __all__ = [
     "open_tasks",
     "outcome",
     "run_crash_free",
+    "run_crash_free_many",
     "run_worker_until_idle",
 ]
 

@@ -26,6 +26,7 @@ from replay.fold import fold
 from wal_engine.chain import ChainVerifier
 from wal_engine.errors import WalError
 from wal_engine.store import AppendResult, Database, EventRecord, PendingAppend
+from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.store.store import record_from_row
 
 TERMINAL_TYPES: Final = frozenset({"task_completed", "task_failed", "task_cancelled"})
@@ -35,6 +36,7 @@ EPOCH_BUMPS: Final = frozenset({"task_claimed", "task_resumed", "task_orphaned",
 every earlier event of its task (one writer per epoch, RELIABILITY.md I3)."""
 
 events_read_max: Final = 1_000_000
+snapshot_attempts_max: Final = 3
 """Bound on the rows one check reads (test databases are small)."""
 
 READ_ALL_EVENTS: Final = """
@@ -121,15 +123,25 @@ class Snapshot(msgspec.Struct, kw_only=True):
 
 async def read_snapshot(database: Database, task_ids: Sequence[str] | None = None, *,
                         extra: dict[str, str] | None = None) -> Snapshot:
-    """Read events and heads (and each ``extra`` name -> query) as of one moment."""
+    """Read events and heads (and each ``extra`` name -> query) as of one moment.
+
+    A read that meets a session the test itself ended (a lost-connection fault) is read
+    again on another one: reading changes nothing.
+    """
     wanted = None if task_ids is None else list(task_ids)
-    async with database.pool.acquire() as connection, connection.transaction(
-            isolation="repeatable_read", readonly=True):
-        rows = await connection.fetch(READ_ALL_EVENTS, wanted, events_read_max)
-        heads = await connection.fetch(READ_HEADS, wanted, events_read_max)
-        more = {name: list(await connection.fetch(query))
-                for name, query in (extra or {}).items()}
-    return Snapshot(events=_group(rows), heads=list(heads), extra=more)
+    for attempt in range(1, snapshot_attempts_max + 1):
+        try:
+            async with database.pool.acquire() as connection, connection.transaction(
+                    isolation="repeatable_read", readonly=True):
+                rows = await connection.fetch(READ_ALL_EVENTS, wanted, events_read_max)
+                heads = await connection.fetch(READ_HEADS, wanted, events_read_max)
+                more = {name: list(await connection.fetch(query))
+                        for name, query in (extra or {}).items()}
+            return Snapshot(events=_group(rows), heads=list(heads), extra=more)
+        except CONNECTION_ERRORS:
+            if attempt == snapshot_attempts_max:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 async def check_log(database: Database,

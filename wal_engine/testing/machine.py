@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import inspect
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -51,6 +51,7 @@ from wal_engine import failpoints
 from wal_engine.payloads import encode_payload
 from wal_engine.store import EventRecord
 from wal_engine.testing.crash import (
+    FAST_TIMINGS,
     POINTS,
     Responder,
     advance_timers,
@@ -61,7 +62,7 @@ from wal_engine.testing.crash import (
     expire_leases,
     open_tasks,
     outcome,
-    run_crash_free,
+    run_crash_free_many,
     run_worker_until_idle,
 )
 from wal_engine.testing.invariants import (
@@ -154,6 +155,14 @@ class AgentUnderTest:
             ``tool_class``) for fakes that are not the ledger's; default: the ledger.
         tasks_max: Most tasks one program submits.
         faults_max: Most crashes and kills in one program (more rules still run).
+        timings: Worker timings of every worker the machine runs (default
+            :data:`~wal_engine.testing.crash.FAST_TIMINGS`: leases end only when a rule
+            expires them).
+        responder: ``responder(engine, signals)`` answers waiting tasks (default
+            :func:`~wal_engine.testing.crash.default_responder`).
+        finish: ``await finish(engine, tasks)`` after every task ended: more checks of your
+            own over the program's ``(task_id, submission)`` pairs, as violations.
+        observe: Called with every worker after it ran (to read its figures).
     """
 
     register: Callable[[Engine], Any]
@@ -164,6 +173,11 @@ class AgentUnderTest:
     effects_query: str | None = None
     tasks_max: int = 3
     faults_max: int = 40
+    timings: dict[str, Any] = field(default_factory=lambda: dict(FAST_TIMINGS))
+    responder: Callable[[Engine, dict[str, Any]], Responder] | None = None
+    finish: Callable[[Engine, list[tuple[str, Submission]]],
+                     Awaitable[list[Violation]]] | None = None
+    observe: Callable[[Worker], None] | None = None
 
 
 @dataclass
@@ -254,7 +268,8 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             if inspect.isawaitable(registered):
                 await registered
             self.acks.install(self.engine)
-            self.responder = default_responder(self.engine, config.signals)
+            make_responder = config.responder or default_responder
+            self.responder = make_responder(self.engine, config.signals)
 
         def _ids(self) -> list[str]:
             return [task_id for task_id, _ in self.tasks]
@@ -264,8 +279,11 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
 
         async def _worker_run(self, slot: int, concurrency: int) -> None:
             try:
-                await run_worker_until_idle(self.live, worker_id=f"w{slot}",
-                                            concurrency=concurrency, timeout_s=rule_timeout_s)
+                worker = await run_worker_until_idle(
+                    self.live, worker_id=f"w{slot}", concurrency=concurrency,
+                    timeout_s=rule_timeout_s, **config.timings)
+                if config.observe is not None:
+                    config.observe(worker)
             except TimeoutError as error:
                 self._fail([Violation(invariant="I11",
                                       detail=f"worker w{slot} still busy after "
@@ -371,9 +389,8 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
                 return
 
             async def start() -> None:
-                from wal_engine.testing.crash import FAST_TIMINGS
-
-                worker = self.live.worker(concurrency=2, worker_id=f"bg{slot}", **FAST_TIMINGS)
+                worker = self.live.worker(concurrency=2, worker_id=f"bg{slot}",
+                                          **config.timings)
                 task = asyncio.get_running_loop().create_task(worker.run())
                 self.background[slot] = (worker, task)
                 await asyncio.sleep(0.01)
@@ -419,6 +436,8 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             except TimeoutError as error:
                 self._fail([Violation(invariant="I11", detail=f"bg{slot} did not stop within "
                                                               f"{background_stop_s} s")], error)
+            if config.observe is not None:
+                config.observe(worker)
 
         # -------------------------------------------------------------- invariants
 
@@ -457,13 +476,15 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
                 await self._stop_background(slot)
             assert self.responder is not None
             left = await drive_to_quiescence(self.live, self._ids(), responder=self.responder,
-                                             deadline_s=rule_timeout_s)
+                                             deadline_s=rule_timeout_s, **config.timings)
             if left:
                 self._fail([Violation(invariant="I11", task_id=task_id,
                                       detail="not terminal after faults stopped")
                             for task_id in left])
             violations = await self._violations()
             violations += await self._compare_with_crash_free()
+            if config.finish is not None:
+                violations += await config.finish(self.live, list(self.tasks))
             snapshot = await read_snapshot(self.live.database,
                                            extra={"effects": config.effects_query
                                                   or READ_EFFECTS_IF_PRESENT})
@@ -476,10 +497,11 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             self._fail_on(violations)
 
         async def _compare_with_crash_free(self) -> list[Violation]:
+            await self._run_crash_free([submission for _, submission in self.tasks])
             violations = []
             for task_id, submission in self.tasks:
                 state = await self.live.state(task_id)
-                expected = await self._crash_free(submission)
+                expected = crash_free[_crash_free_key(submission)]
                 if config.project(state) == expected:
                     continue
                 if config.degraded(state, await self.live.history(task_id)):
@@ -491,24 +513,37 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
                            f"{config.project(state)!r} != {expected!r}"))
             return violations
 
-        async def _crash_free(self, submission: Submission) -> Any:
-            key = (submission.agent, encode_payload(submission.input))
-            if key not in crash_free:
-                state = await run_crash_free(self.live, submission.agent, submission.input,
-                                             responder=self.responder,
-                                             task_id=f"crash-free-{len(crash_free) + 1}")
+        async def _run_crash_free(self, submissions: list[Submission]) -> None:
+            """The crash-free runs not made yet, side by side (one per distinct input)."""
+            missing: dict[tuple[str, bytes], Submission] = {}
+            for submission in submissions:
+                key = _crash_free_key(submission)
+                if key not in crash_free:
+                    missing.setdefault(key, submission)
+            if not missing:
+                return
+            first = len(crash_free) + 1
+            states = await run_crash_free_many(
+                self.live, [(s.agent, s.input, f"crash-free-{first + n}")
+                            for n, s in enumerate(missing.values())],
+                responder=self.responder, **config.timings)
+            for key, state in zip(missing, states, strict=True):
                 crash_free[key] = config.project(state)
-            return crash_free[key]
 
         async def _close(self) -> None:
             for _, task in self.background.values():
                 task.cancel()
             if self.engine is not None:
+                await EffectLedger.for_engine(self.engine).close()
                 await asyncio.wait_for(self.engine.close(), 10)
             if self.dsn:
                 await factory.drop(self.dsn)
 
     return AgentCrashMachine
+
+
+def _crash_free_key(submission: Submission) -> tuple[str, bytes]:
+    return submission.agent, encode_payload(submission.input)
 
 
 def run_crash_machine(config: AgentUnderTest, factory: DatabaseFactory, *,

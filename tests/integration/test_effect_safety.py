@@ -1,0 +1,196 @@
+"""Issue 15, case 1, through the public API: a non-idempotent tool that acted and then timed
+out or lost its connection is never re-run; it is escalated with its reason, and per
+``on_uncertain`` fails the task or waits for a reconciliation, which is refused during the
+grace period. (Cases 2, 4, 5 and W10 need worker processes: tests/fault/test_effect_safety.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.helpers import escalations
+from wal_engine.context import AgentContext, current_call
+from wal_engine.engine import Engine
+from wal_engine.errors import ReconcileRefused
+from wal_engine.retries import DidNotAct, RetryPolicy
+from wal_engine.state_machine import Status
+from wal_engine.testing.crash import run_worker_until_idle
+
+TIMINGS: dict[str, Any] = {"lease_ttl_ms": 1000, "heartbeat_ms": 250, "poll_ms": 20,
+                           "sweep_ms": 50}
+QUICK = RetryPolicy(max_attempts=3, initial_delay_s=0.01, max_delay_s=0.02)
+LATE_S = 0.5
+
+
+class Charge:
+    """A payment API that charges, then answers late or loses the answer (sync or async)."""
+
+    def __init__(self, *, sync: bool, then: str, fail_first_without_acting: int = 0) -> None:
+        self.sync = sync
+        self.then = then
+        self.acted: list[str] = []
+        self.calls = 0
+        self.fail_first = fail_first_without_acting
+        self.finished = threading.Event()
+        self._lock = threading.Lock()
+
+    def _act(self) -> None:
+        claim = current_call()
+        assert claim is not None
+        with self._lock:
+            self.calls += 1
+            if self.calls <= self.fail_first:
+                raise DidNotAct("the request never left the client")
+            self.acted.append(claim.key)
+
+    def function(self) -> Callable[[Any], Any]:
+        """The tool function, a plain def or a coroutine function."""
+
+        def charge_sync(args: Any) -> Any:
+            try:
+                self._act()
+                if self.then == "late":
+                    time.sleep(LATE_S)
+                elif self.then == "reset":
+                    raise ConnectionResetError("charged, then the connection was reset")
+                return {"charged": args["amount"]}
+            finally:
+                self.finished.set()
+
+        async def charge_async(args: Any) -> Any:
+            try:
+                self._act()
+                if self.then == "late":
+                    await asyncio.sleep(LATE_S)
+                elif self.then == "reset":
+                    raise ConnectionResetError("charged, then the connection was reset")
+                return {"charged": args["amount"]}
+            finally:
+                self.finished.set()
+
+        return charge_sync if self.sync else charge_async
+
+
+def _register(engine: Engine, charge: Charge, *, idempotent: bool = False,
+              on_uncertain: str = "fail") -> str:
+    name = f"charge-{id(charge)}"
+    function = charge.function()
+
+    @engine.agent(name)
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", function, task_input, idempotent=idempotent,
+                              timeout_s=0.1, retry=QUICK,
+                              on_uncertain=on_uncertain)  # type: ignore[arg-type]
+
+    return name
+
+
+async def _run(engine: Engine, task_id: str) -> Status:
+    await run_worker_until_idle(engine, **TIMINGS)
+    return (await engine.head(task_id)).status
+
+
+async def _settled(charge: Charge) -> None:
+    """Wait (bounded) until the attempt's thread or coroutine returned: an act after the
+    timeout would show up only then."""
+    await asyncio.to_thread(charge.finished.wait, 5)
+    await asyncio.sleep(LATE_S)  # Room for a wrong retry to act too (it would be counted).
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["def", "async"])
+@pytest.mark.parametrize(("then", "reason", "error_type"), [
+    ("late", "timed_out", "CallTimedOut"),
+    ("reset", "connection_lost", "ConnectionResetError"),
+], ids=["answers-late", "connection-reset"])
+async def test_case1_non_idempotent_call_in_doubt_acts_once_and_fails(
+        engine: Engine, sync: bool, then: str, reason: str, error_type: str) -> None:
+    """idempotent=False, timeout_s=0.1: a charge that acted then answered after 0.5 s, or
+    acted then raised ConnectionResetError, acts once; on_uncertain="fail" fails the task
+    with uncertain_side_effect and the escalation says why."""
+    charge = Charge(sync=sync, then=then)
+    task_id = await engine.submit(_register(engine, charge), {"amount": 5})
+    assert await _run(engine, task_id) is Status.FAILED
+    await _settled(charge)
+    assert len(charge.acted) == 1
+    state = await engine.state(task_id)
+    assert state.failure is not None and state.failure.reason == "uncertain_side_effect"
+    [escalation] = await escalations(engine, task_id)
+    assert (escalation.reason, escalation.error_type) == (reason, error_type)
+    assert escalation.not_before_ms is not None
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["def", "async"])
+async def test_case1_wait_refuses_reconcile_during_grace_then_completes(engine: Engine,
+                                                                        sync: bool) -> None:
+    """on_uncertain="wait": the task waits; reconcile before the grace period (the lease
+    TTL, 1 s) is refused with its not_before_ms; after it, reconcile completes the task
+    with the operator's answer; the charge acted once."""
+    charge = Charge(sync=sync, then="late")
+    task_id = await engine.submit(_register(engine, charge, on_uncertain="wait"), {"amount": 5})
+    assert await _run(engine, task_id) is Status.WAITING
+    [escalation] = await escalations(engine, task_id)
+    assert escalation.not_before_ms is not None
+    with pytest.raises(ReconcileRefused) as refused:
+        await engine.reconcile(task_id, escalation.call_id, result={"charged": 5})
+    assert refused.value.not_before_ms == escalation.not_before_ms
+    await _settled(charge)
+    while time.time() * 1000 < escalation.not_before_ms + 50:
+        await asyncio.sleep(0.05)  # The grace period is a span of time by definition.
+    await engine.reconcile(task_id, escalation.call_id, result={"charged": 5})
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"charged": 5}
+    assert len(charge.acted) == 1
+
+
+async def test_case1_forced_reconcile_completes_during_grace(engine: Engine) -> None:
+    """force=True (the operator knows the attempt's worker is gone) is accepted at once."""
+    charge = Charge(sync=False, then="reset")
+    task_id = await engine.submit(_register(engine, charge, on_uncertain="wait"), {"amount": 7})
+    assert await _run(engine, task_id) is Status.WAITING
+    [escalation] = await escalations(engine, task_id)
+    await engine.reconcile(task_id, escalation.call_id, error="declined by the bank",
+                           force=True)
+    assert await _run(engine, task_id) is Status.FAILED
+    assert len(charge.acted) == 1
+
+
+async def test_reconcile_of_a_call_that_is_not_escalated_is_refused(engine: Engine) -> None:
+    """A typed refusal, and the log unchanged, for a call that is not uncertain."""
+    charge = Charge(sync=False, then="ok")
+    task_id = await engine.submit(_register(engine, charge), {"amount": 1})
+    assert await _run(engine, task_id) is Status.COMPLETED
+    head = await engine.head(task_id)
+    with pytest.raises(ReconcileRefused):
+        await engine.reconcile(task_id, "tool-0", result={"charged": 1}, force=True)
+    assert (await engine.head(task_id)).head_seq == head.head_seq
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["def", "async"])
+async def test_did_not_act_is_the_one_retried_failure_of_a_non_idempotent_tool(
+        engine: Engine, sync: bool) -> None:
+    """DidNotAct on the first two attempts: retried under the same key, acts once."""
+    charge = Charge(sync=sync, then="ok", fail_first_without_acting=2)
+    task_id = await engine.submit(_register(engine, charge), {"amount": 3})
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert charge.calls == 3 and len(charge.acted) == 1
+    assert await escalations(engine, task_id) == []
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["def", "async"])
+async def test_idempotent_tool_retries_a_timeout_under_the_same_key(engine: Engine,
+                                                                    sync: bool) -> None:
+    """The same late charge declared idempotent: retried on timeout, every delivery with
+    one key (the callee dedups on it), the call ends as a failure after the policy's three
+    attempts, never escalated."""
+    charge = Charge(sync=sync, then="late")
+    task_id = await engine.submit(_register(engine, charge, idempotent=True), {"amount": 2})
+    assert await _run(engine, task_id) is Status.FAILED
+    await _settled(charge)
+    assert len(charge.acted) == 3 and len(set(charge.acted)) == 1
+    assert await escalations(engine, task_id) == []
