@@ -92,6 +92,20 @@ FENCE_PROBE: Final = f"SELECT EXISTS ({queries.PREVIOUS_OK_LEASED})"
 
 EVENT_TYPE: Final = "message_appended"
 
+# The database-side append (schema.sql, wal_append_observations): the fence on the task row
+# and on the predecessor, the caps, the payload check and the hash, all in SQL. In the
+# scratch database it is made SECURITY DEFINER with a fixed search_path here, as
+# security.sql does, so its call pays what a production call pays.
+DATABASE_APPEND: Final = """
+SELECT * FROM wal_append_observations($1, $2, $3, $4, $5::text[], $6::int2[], $7::bytea[],
+                                      $8::text[])
+"""
+DEFINER_SETUP: Final = """
+ALTER FUNCTION wal_append_observations(text, bigint, bigint, bytea, text[], smallint[],
+                                       bytea[], text[])
+    SECURITY DEFINER SET search_path = public, pg_temp
+"""
+
 
 class Chain:
     """A task (or raw stream) head kept locally; hashes are cheap stand-ins (sha256 of prev)."""
@@ -124,6 +138,20 @@ def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
 def _observe_one(c: Chain, payload: bytes) -> tuple[Any, ...]:
     seq, previous, new = c.advance()
     return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new)
+
+
+def database_append(connection: asyncpg.Connection, chain: Chain,
+                    payload: bytes) -> Callable[[], Awaitable[None]]:
+    """One call of the database-side append; the chain keeps the hash the database made."""
+
+    async def operation() -> None:
+        rows = await connection.fetch(DATABASE_APPEND, chain.task_id, 1, chain.seq, chain.hash,
+                                      [EVENT_TYPE], [1], [payload], [None])
+        if len(rows) != 1:
+            raise RuntimeError(f"the database-side append returned {len(rows)} rows")
+        chain.seq, chain.hash = rows[0]["seq"], rows[0]["hash"]
+
+    return operation
 
 
 def _fence_probe(c: Chain, payload: bytes) -> tuple[Any, ...]:
@@ -194,6 +222,16 @@ async def direct_contenders(
         contenders.append(harness.Contender(
             name, direct(connection, query, chain, arguments, payload, rows=rows)
         ))
+    connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
+                                       server_settings=TENANT_SETTINGS)
+    opened.append(connection)
+    await connection.execute(DEFINER_SETUP)
+    chain = Chain(f"definer-{run_id}")
+    await connection.execute(CREATE_HEAD, chain.task_id, chain.hash)
+    await connection.execute(EVENT_VALUES, *_event_values(chain, payload))
+    contenders.append(harness.Contender(
+        "database-side append (SECURITY DEFINER function)",
+        database_append(connection, chain, payload)))
     return contenders
 
 
