@@ -201,10 +201,10 @@ class Engine:
         """
         validate_task_id(task_id)
         validate_text(name, "a signal name", bytes_max=4 * limits.name_length_max,
-                      chars_max=limits.name_length_max, names=True)
+                      chars_max=limits.name_length_max, empty_ok=False)
         if dedup_key is not None:
             validate_text(dedup_key, "a dedup key", bytes_max=limits.dedup_key_bytes_max,
-                          names=True)
+                          empty_ok=False)
         encoded = encode_payload(self.redactor(payload),
                                  payload_bytes_max=limits.signal_payload_bytes_max)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)

@@ -16,7 +16,6 @@ IdempotencyKey = NewType("IdempotencyKey", str)
 _task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
 _dots_only: Final = re.compile(r"\.+")
 """Ids made of dots alone (``.``, ``..``) name directories in paths: refused."""
-_control: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 DEFAULT_TENANT: Final = "default"
 """The tenant of an engine connected without one (and of the rows of a schema-1 database)."""
@@ -60,13 +59,13 @@ def validate_task_id(task_id: object) -> TaskId:
 
 
 def validate_text(value: object, what: str, *, bytes_max: int, chars_max: int | None = None,
-                  names: bool = False) -> str:
+                  empty_ok: bool = True) -> str:
     """Return ``value`` if it is a str that PostgreSQL can store, or raise InvalidInput.
 
     It must encode to UTF-8 (no lone surrogate, such as the ``\\udcff`` a shell argument
     of byte ``\\xff`` becomes), hold no NUL, and fit in ``bytes_max`` UTF-8 bytes (and
-    ``chars_max`` characters). With ``names``, it must also be non-empty and free of
-    control characters (names are shown in logs and tables).
+    ``chars_max`` characters), and be non-empty unless ``empty_ok``. Other characters
+    are data: the log stores them as given (RELIABILITY.md S10).
     """
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a str, not {type(value).__name__}")
@@ -79,8 +78,8 @@ def validate_text(value: object, what: str, *, bytes_max: int, chars_max: int | 
     if size > bytes_max or (chars_max is not None and len(value) > chars_max):
         limit = f"{bytes_max} bytes" if chars_max is None else f"{chars_max} characters"
         raise InvalidInput(f"{what} is longer than {limit}")
-    if names and (not value or _control.search(value) is not None):
-        raise InvalidInput(f"{what} must be non-empty, without control characters")
+    if not value and not empty_ok:
+        raise InvalidInput(f"{what} must not be empty")
     return value
 
 
