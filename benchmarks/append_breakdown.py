@@ -22,6 +22,7 @@ Usage: ``python -m benchmarks.append_breakdown [--dsn DSN] [--quick] [--rounds N
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import time
@@ -219,7 +220,8 @@ def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
 
 def _observe_one(c: Chain, payload: bytes) -> tuple[Any, ...]:
     seq, previous, new = c.advance()
-    return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new)
+    return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new,
+            dt.datetime.now(dt.UTC))
 
 
 def database_append(connection: asyncpg.Connection, chain: Chain,
@@ -270,7 +272,8 @@ async def direct_contenders(
 ) -> list[harness.Contender]:
     """The statement variants, each on its own connection and its own task."""
     variants: list[tuple[str, str, Arguments, bool, int]] = [
-        ("wal_events INSERT, scalar VALUES (no fence)", EVENT_VALUES, _event_values, False, 1),
+        ("wal_events INSERT (its one CHECK), scalar VALUES (no fence)", EVENT_VALUES,
+         _event_values, False, 1),
         ("same INSERT, table with the former CHECKs", CHECKED_VALUES, _event_values, False,
          1),
         ("same INSERT, table without wal_events_bounds", UNCHECKED_VALUES, _event_values,

@@ -253,3 +253,16 @@ async def test_s13_every_engine_written_event_is_chain_version_2(app_engine: Eng
                                     " WHERE task_id = $1", "honest")
     assert [r["chain_version"] for r in versions] == [2]
     assert (await store.verify_task("honest")).ok
+
+
+async def test_sql_v2_hash_equals_python_v2_hash(app_engine: Engine) -> None:
+    """wal_event_hash_v2 (database-written events) and chain.event_hash_v2 agree byte for
+    byte, with and without an idempotency key, on non-ASCII text."""
+    payload = '{"a":"é","b":[1,2.5]}'.encode()
+    stamp = dt.datetime(2026, 12, 1, 12, 0, 0, 654321, tzinfo=dt.UTC)
+    for key in (None, "idem:tâsk:7"):
+        row = await app_engine.database.fetchrow(
+            "SELECT wal_event_hash_v2($1, 'tâsk-1', 7, 'message_appended', 1, 3, $2, $3, $4)"
+            " AS h", bytes(32), stamp, key, payload)
+        assert row["h"] == event_hash_v2(bytes(32), "tâsk-1", 7, "message_appended", 1, 3,
+                                         stamp, key, payload)
