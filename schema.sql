@@ -162,7 +162,7 @@ DECLARE
 BEGIN
     FOR found IN SELECT conname FROM pg_constraint
                   WHERE conrelid = 'wal_events'::regclass AND contype = 'c'
-                    AND conname <> 'wal_events_bounds'  -- decision 30 brought one back
+                    AND conname <> 'wal_events_bounds'  -- decision 35 brought one back
     LOOP
         EXECUTE format('ALTER TABLE wal_events DROP CONSTRAINT %I', found.conname);
     END LOOP;
@@ -751,7 +751,7 @@ END;
 $$;
 
 -- ============================================================ history and caps (issue 16)
--- Chain version 2 (docs/architecture.md, decision 30): the hash also covers recorded_at
+-- Chain version 2 (docs/architecture.md, decision 35): the hash also covers recorded_at
 -- (microseconds since the Unix epoch) and the idempotency key, each free-text field
 -- length-prefixed. Each row carries its version, so a task alive across the upgrade mixes
 -- them. The column defaults to 1: the writers of version 2 (the store's statements and
@@ -781,7 +781,7 @@ $$;
 -- seq in 1..10,000,000, an epoch in 0..2^31-1, a payload of at most 16 MiB, a known chain
 -- version. Literals, not functions: a CHECK runs with the inserter's rights. Decision 28
 -- dropped the log's checks for their cost; one combined check costs what one check costs
--- (decision 30 has the figures), and without it a direct INSERT as the runtime role could
+-- (decision 35 has the figures), and without it a direct INSERT as the runtime role could
 -- store any seq, epoch or size. NOT VALID: rows already stored are not re-read.
 DO $event_bounds$
 BEGIN

@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS {CHECKED_TABLE} (
 CHECKED_VALUES: Final = EVENT_VALUES.replace("INSERT INTO wal_events",
                                              f"INSERT INTO {CHECKED_TABLE}")
 
-# A copy of wal_events without its one CHECK (wal_events_bounds, decision 30): what that
+# A copy of wal_events without its one CHECK (wal_events_bounds, decision 35): what that
 # check costs per insert.
 UNCHECKED_TABLE: Final = "bench_events_unchecked"
 CREATE_UNCHECKED: Final = f"""

@@ -555,7 +555,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
         assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 6, checks
-        # The log table has one CHECK only, its bounds (decision 30); the ones decision 28
+        # The log table has one CHECK only, its bounds (decision 35); the ones decision 28
         # dropped are gone, old ones included.
         assert await admin.fetchval("SELECT array_agg(conname) FROM pg_constraint"
                                     " WHERE contype = 'c'"
