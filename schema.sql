@@ -173,6 +173,7 @@ DECLARE
 BEGIN
     FOR found IN SELECT conname FROM pg_constraint
                   WHERE conrelid = 'wal_events'::regclass AND contype = 'c'
+                    AND conname <> 'wal_events_bounds'  -- decision 39 brought one back
     LOOP
         EXECUTE format('ALTER TABLE wal_events DROP CONSTRAINT %I', found.conname);
     END LOOP;
@@ -415,10 +416,23 @@ BEGIN
 END;
 $policies$;
 
+-- A payload as jsonb, or NULL when its bytes are not UTF-8 JSON (a row written around the
+-- engine; `verify` reports it): one bad row must not break every audit query of a tenant.
+CREATE OR REPLACE FUNCTION wal_payload_json(p_payload bytea) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+BEGIN
+    RETURN convert_from(p_payload, 'UTF8')::jsonb;
+EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character
+               OR invalid_text_representation OR invalid_parameter_value
+               OR program_limit_exceeded THEN
+    RETURN NULL;
+END;
+$$;
+
 -- For SQL audits; the tenant filter keeps a superuser's view to its own tenant as well.
 CREATE OR REPLACE VIEW wal_events_json AS
     SELECT task_id, seq, type, version, epoch,
-           convert_from(payload, 'UTF8')::jsonb AS payload,
+           wal_payload_json(payload) AS payload,
            idempotency_key, encode(hash, 'hex') AS hash, recorded_at, tenant
     FROM wal_events
     WHERE tenant = current_setting('wal.tenant', true);
@@ -568,8 +582,9 @@ CREATE OR REPLACE FUNCTION wal_add_llm_spend(p_cost_usd numeric)
 RETURNS TABLE (llm_spend_usd numeric, llm_spend_max_usd numeric)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_cost_usd IS NULL OR p_cost_usd < 0 OR p_cost_usd = 'NaN'::numeric THEN
-        RAISE EXCEPTION 'an LLM cost must be a finite amount of at least 0'
+    -- NaN sorts above every number and the infinities lie outside: one range test.
+    IF p_cost_usd IS NULL OR NOT (p_cost_usd BETWEEN 0 AND 1000000) THEN
+        RAISE EXCEPTION 'an LLM cost must be a finite amount of 0..1000000'
             USING ERRCODE = '22023';
     END IF;
     RETURN QUERY
@@ -591,6 +606,7 @@ DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     head record;
     body bytea := convert_to(p_payload::text, 'UTF8');
+    stamp timestamptz := now();
     next_seq bigint;
     next_hash bytea;
 BEGIN
@@ -603,9 +619,11 @@ BEGIN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
     next_seq := head.head_seq + 1;
-    next_hash := wal_event_hash(head.head_hash, p_task_id, next_seq, p_type, 1, p_epoch, body);
-    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
-    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, head.head_hash, next_hash);
+    next_hash := wal_event_hash_v2(head.head_hash, p_task_id, next_seq, p_type, 1, p_epoch,
+                                   stamp, NULL, body);
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash,
+                            recorded_at, chain_version)
+    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, head.head_hash, next_hash, stamp, 2);
     UPDATE wal_tasks
        SET head_seq = next_seq, head_hash = next_hash,
            status = coalesce(p_new_status, status),
@@ -735,6 +753,7 @@ DECLARE
     task record;
     new_id bigint;
 BEGIN
+    PERFORM wal_check_signal(p_name, p_payload, p_dedup_key);  -- caps: issue 16 section
     SELECT t.status, t.waiting_signal, t.lease_epoch INTO task
       FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = p_task_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -749,6 +768,7 @@ BEGIN
          WHERE s.tenant = my_tenant AND s.task_id = p_task_id AND s.dedup_key = p_dedup_key;
         RETURN new_id;
     END IF;
+    PERFORM wal_count_signal(p_task_id, octet_length(p_payload));
     IF task.status = 'WAITING' AND task.waiting_signal = p_name THEN
         UPDATE wal_tasks t SET wake_at = NULL, waiting_signal = NULL
          WHERE t.tenant = my_tenant AND t.task_id = p_task_id;
@@ -770,6 +790,7 @@ DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     task record;
 BEGIN
+    PERFORM wal_check_cancel_text(p_reason, p_requested_by);  -- caps: issue 16 section
     SELECT t.status, t.lease_epoch INTO task FROM wal_tasks t
      WHERE t.tenant = my_tenant AND t.task_id = p_task_id
        FOR UPDATE;
@@ -871,5 +892,159 @@ DELETE FROM wal_idempotency
  WHERE tenant = current_setting('wal.tenant', true) AND key = p_key AND owner = p_owner
    AND epoch = p_epoch AND state = 'running'
 $$;
+
+-- ============================================================ history and caps (issue 16)
+-- Chain version 2 (docs/architecture.md, decision 39): the hash also covers recorded_at
+-- (microseconds since the Unix epoch) and the idempotency key, each free-text field
+-- length-prefixed. Each row carries its version, so a task alive across the upgrade mixes
+-- them. The column defaults to 1: the writers of version 2 (the store's statements and
+-- wal_emit) name it; the others (forks, the LangGraph saver, loaded fixtures) still write
+-- version 1, which verifies as before.
+ALTER TABLE wal_events ADD COLUMN IF NOT EXISTS chain_version smallint NOT NULL DEFAULT 1;
+
+CREATE OR REPLACE FUNCTION wal_event_hash_v2(
+    prev_hash bytea, task_id text, seq bigint, type text, version integer, epoch bigint,
+    recorded_at timestamptz, idempotency_key text, payload bytea
+) RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT sha256(prev_hash
+                  || convert_to('2' || E'\n' || octet_length(task_id) || ':' || task_id
+                                || E'\n' || seq || E'\n' || octet_length(type) || ':' || type
+                                || E'\n' || version || E'\n' || epoch || E'\n'
+                                || (extract(epoch FROM recorded_at) * 1000000)::bigint
+                                || E'\n' || coalesce(octet_length(idempotency_key) || ':'
+                                                     || idempotency_key, '-')
+                                || E'\n', 'UTF8')
+                  || payload)
+$$;
+
+-- One CHECK on the log, whoever inserts, with the database's own ceilings (the same
+-- numbers as wal_engine/limits.py: events_per_task_ceiling, epoch_max,
+-- payload_bytes_ceiling; an engine may set lower caps of its own, checked by its writer):
+-- seq in 1..10,000,000, an epoch in 0..2^31-1, a payload of at most 16 MiB, a known chain
+-- version. Literals, not functions: a CHECK runs with the inserter's rights. Decision 28
+-- dropped the log's checks for their cost; one combined check costs what one check costs
+-- (decision 39 has the figures), and without it a direct INSERT as the runtime role could
+-- store any seq, epoch or size. NOT VALID: rows already stored are not re-read.
+DO $event_bounds$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'wal_events'::regclass AND conname = 'wal_events_bounds')
+    THEN
+        ALTER TABLE wal_events ADD CONSTRAINT wal_events_bounds CHECK (
+            seq BETWEEN 1 AND 10000000
+            AND epoch BETWEEN 0 AND 2147483647
+            AND octet_length(payload) <= 16777216
+            AND chain_version IN (1, 2)) NOT VALID;
+    END IF;
+END
+$event_bounds$;
+
+-- Signals: counted per task (on its row, which wal_send_signal locks anyway) and per
+-- tenant, count and payload bytes, against the database's caps (the tenant's may be set
+-- by an administrator in wal_tenants). Counted from the stored rows once here (the engine
+-- tables are locked while the schema is applied).
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS signal_count integer NOT NULL DEFAULT 0;
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS signal_bytes bigint NOT NULL DEFAULT 0;
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS signal_count bigint NOT NULL DEFAULT 0;
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS signal_bytes bigint NOT NULL DEFAULT 0;
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS signals_max bigint CHECK (signals_max >= 0);
+ALTER TABLE wal_tenants ADD COLUMN IF NOT EXISTS signal_bytes_max bigint
+    CHECK (signal_bytes_max >= 0);
+
+UPDATE wal_tasks t SET signal_count = s.signals, signal_bytes = s.bytes
+  FROM (SELECT tenant, task_id, count(*) AS signals, sum(octet_length(payload)) AS bytes
+          FROM wal_signals GROUP BY tenant, task_id) AS s
+ WHERE t.tenant = s.tenant AND t.task_id = s.task_id
+   AND (t.signal_count, t.signal_bytes) IS DISTINCT FROM (s.signals::integer, s.bytes);
+UPDATE wal_tenants k SET signal_count = s.signals, signal_bytes = s.bytes
+  FROM (SELECT tenant, count(*) AS signals, sum(octet_length(payload)) AS bytes
+          FROM wal_signals GROUP BY tenant) AS s
+ WHERE k.tenant = s.tenant
+   AND (k.signal_count, k.signal_bytes) IS DISTINCT FROM (s.signals, s.bytes);
+
+-- Check one signal before it is stored (22023: bad input; WE008: a cap, DETAIL names it).
+CREATE OR REPLACE FUNCTION wal_check_signal(p_name text, p_payload bytea, p_dedup_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_name IS NULL OR length(p_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'a signal name must be 1..200 characters' USING ERRCODE = '22023';
+    END IF;
+    IF p_dedup_key IS NOT NULL AND octet_length(p_dedup_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'a dedup key must be 1..512 bytes' USING ERRCODE = '22023';
+    END IF;
+    IF p_payload IS NULL OR octet_length(p_payload) > 1024 * 1024 THEN
+        RAISE EXCEPTION 'a signal payload holds at most 1 MiB'
+            USING ERRCODE = 'WE008', DETAIL = 'signal_payload_bytes';
+    END IF;
+END;
+$$;
+
+-- Count a stored signal against its task's and its tenant's caps; raising undoes the insert.
+CREATE OR REPLACE FUNCTION wal_count_signal(p_task_id text, p_bytes bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    counted record;
+BEGIN
+    UPDATE wal_tasks t SET signal_count = t.signal_count + 1,
+                           signal_bytes = t.signal_bytes + p_bytes
+     WHERE t.tenant = my_tenant AND t.task_id = p_task_id
+    RETURNING t.signal_count, t.signal_bytes INTO counted;
+    IF counted.signal_count > 1000 OR counted.signal_bytes > 16 * 1024 * 1024 THEN
+        RAISE EXCEPTION 'task % holds its most signals', p_task_id
+            USING ERRCODE = 'WE008', DETAIL = 'signals_per_task';
+    END IF;
+    INSERT INTO wal_tenants AS k (tenant, signal_count, signal_bytes)
+    VALUES (my_tenant, 1, p_bytes)
+    ON CONFLICT (tenant) DO UPDATE SET signal_count = k.signal_count + 1,
+                                       signal_bytes = k.signal_bytes + p_bytes
+    RETURNING k.signal_count, k.signal_bytes, k.signals_max, k.signal_bytes_max INTO counted;
+    IF counted.signal_count > coalesce(counted.signals_max, 1000000)
+       OR counted.signal_bytes > coalesce(counted.signal_bytes_max, 4294967296) THEN
+        RAISE EXCEPTION 'tenant % holds its most signals', my_tenant
+            USING ERRCODE = 'WE008', DETAIL = 'signals_per_tenant';
+    END IF;
+END;
+$$;
+
+-- The texts of a cancellation (stored in its task_cancelled event).
+CREATE OR REPLACE FUNCTION wal_check_cancel_text(p_reason text, p_requested_by text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF octet_length(p_reason) > 4096 OR octet_length(p_requested_by) > 4096 THEN
+        RAISE EXCEPTION 'a cancellation reason or requester holds at most 4096 bytes'
+            USING ERRCODE = 'WE008', DETAIL = 'cancel_text_bytes';
+    END IF;
+END;
+$$;
+
+-- Budgets are positive: a trigger on INSERT only (the runtime role may not UPDATE the
+-- budget column, and a trigger on UPDATE would cost every status move).
+CREATE OR REPLACE FUNCTION wal_check_budget() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    item record;
+BEGIN
+    IF jsonb_typeof(NEW.budget) <> 'object' THEN
+        RAISE EXCEPTION 'a budget is an object' USING ERRCODE = '22023';
+    END IF;
+    FOR item IN SELECT key, value FROM jsonb_each(NEW.budget) LOOP
+        IF jsonb_typeof(item.value) <> 'null' AND (jsonb_typeof(item.value) <> 'number'
+                                                   OR item.value::numeric <= 0) THEN
+            RAISE EXCEPTION 'budget % must be a positive number', item.key
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER wal_tasks_budget
+    BEFORE INSERT ON wal_tasks
+    FOR EACH ROW EXECUTE FUNCTION wal_check_budget();
+-- ======================================================== end of history and caps (issue 16)
 
 INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;

@@ -66,8 +66,10 @@
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
 --                                     EXECUTE on wal_event_hash and wal_wake_token (the
---                                     NOTIFY payload of a submission), and on
---                                     wal_trusted_tenant (the policies call it).
+--                                     NOTIFY payload of a submission), on
+--                                     wal_trusted_tenant (the policies call it), and on
+--                                     wal_event_hash_v2 and wal_payload_json
+--                                     (wal_events_json's decoder).
 --   the database                      CONNECT. CREATE and TEMPORARY are revoked from
 --                                     PUBLIC: a temporary table could otherwise shadow
 --                                     wal_transitions for the invoker-rights trigger.
@@ -208,6 +210,24 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', item.signature);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, owner_role);
+    END LOOP;
+
+    -- History and caps (issue 16 section of schema.sql) ----------------------------------
+    -- The cap checks run inside wal_send_signal / wal_cancel_task (as the owner) and the
+    -- budget trigger on the app role's INSERT: fixed path, no grant. The chain-2 hash and
+    -- the payload decoder of wal_events_json are the app role's to call, like
+    -- wal_event_hash (a view's functions run with the querying role's rights).
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
+         WHERE p.pronamespace = schema_oid
+           AND p.proname IN ('wal_event_hash_v2', 'wal_payload_json', 'wal_check_signal',
+                             'wal_count_signal', 'wal_check_cancel_text', 'wal_check_budget')
+         ORDER BY 1
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
+        IF item.proname IN ('wal_event_hash_v2', 'wal_payload_json') THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
+        END IF;
     END LOOP;
 END;
 $security$;

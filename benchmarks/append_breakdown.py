@@ -22,6 +22,7 @@ Usage: ``python -m benchmarks.append_breakdown [--dsn DSN] [--quick] [--rounds N
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import time
@@ -83,6 +84,17 @@ CREATE TABLE IF NOT EXISTS {CHECKED_TABLE} (
 CHECKED_VALUES: Final = EVENT_VALUES.replace("INSERT INTO wal_events",
                                              f"INSERT INTO {CHECKED_TABLE}")
 
+# A copy of wal_events without its one CHECK (wal_events_bounds, decision 39): what that
+# check costs per insert.
+UNCHECKED_TABLE: Final = "bench_events_unchecked"
+CREATE_UNCHECKED: Final = f"""
+CREATE TABLE IF NOT EXISTS {UNCHECKED_TABLE} (
+    LIKE wal_events INCLUDING DEFAULTS INCLUDING INDEXES
+)
+"""
+UNCHECKED_VALUES: Final = EVENT_VALUES.replace("INSERT INTO wal_events",
+                                               f"INSERT INTO {UNCHECKED_TABLE}")
+
 # The store's observation statement (queries.OBSERVE_ONE) without RETURNING: what reading
 # back the inserted row costs.
 OBSERVE_ONE_NO_RETURNING: Final = queries.OBSERVE_ONE.replace("RETURNING seq", "")
@@ -91,6 +103,91 @@ OBSERVE_ONE_NO_RETURNING: Final = queries.OBSERVE_ONE.replace("RETURNING seq", "
 FENCE_PROBE: Final = f"SELECT EXISTS ({queries.PREVIOUS_OK_LEASED})"
 
 EVENT_TYPE: Final = "message_appended"
+
+# The database-side append that issue 16 asked to measure (docs/architecture.md, decision
+# 30): one task's observations, fenced on the task row (lease epoch, leased status) and on
+# the event they follow (seq, hash, epoch, not terminal, lease not dropped), capped (events
+# per task, payload bytes, payloads that are UTF-8 JSON objects) and hashed in SQL (chain
+# version 2, database clock). Created in the scratch database only, SECURITY DEFINER with
+# a fixed search_path as security.sql would make it, so a call pays what it would pay.
+DATABASE_APPEND_FUNCTION: Final = """CREATE OR REPLACE FUNCTION bench_append_observations(
+    p_task_id text, p_epoch bigint, p_expected_seq bigint, p_prev_hash bytea,
+    p_types text[], p_versions smallint[], p_payloads bytea[], p_keys text[]
+) RETURNS TABLE (seq bigint, hash bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    task record;
+    previous record;
+    total integer := cardinality(p_types);
+    stamp timestamptz := now();
+    hashes bytea[] := ARRAY[]::bytea[];
+    prevs bytea[] := ARRAY[]::bytea[];
+    link bytea := p_prev_hash;
+    i integer;
+BEGIN
+    SELECT t.status, t.lease_epoch INTO task FROM wal_tasks t
+     WHERE t.tenant = my_tenant AND t.task_id = p_task_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
+    END IF;
+    IF task.lease_epoch <> p_epoch OR task.status NOT IN ('RUNNING', 'CHECKPOINTED') THEN
+        RAISE EXCEPTION 'task % is not leased at epoch %', p_task_id, p_epoch
+            USING ERRCODE = 'WE006';
+    END IF;
+    SELECT p.hash, p.type, p.epoch INTO previous FROM wal_events p
+     WHERE p.tenant = my_tenant AND p.task_id = p_task_id AND p.seq = p_expected_seq;
+    IF NOT FOUND OR previous.hash <> p_prev_hash OR previous.epoch <> p_epoch THEN
+        RAISE EXCEPTION 'task % head is not seq %', p_task_id, p_expected_seq
+            USING ERRCODE = 'WE007';
+    END IF;
+    IF previous.type IN ('task_completed', 'task_failed', 'task_cancelled',
+                         'signal_awaited', 'timer_started', 'task_released') THEN
+        RAISE EXCEPTION 'task % takes no observation after %', p_task_id, previous.type
+            USING ERRCODE = 'WE006';
+    END IF;
+    IF total < 1 OR total > 1000 OR p_expected_seq + total > 10000000 THEN
+        RAISE EXCEPTION 'task % would exceed its events', p_task_id USING ERRCODE = 'WE008';
+    END IF;
+    FOR i IN 1 .. total LOOP
+        IF octet_length(p_payloads[i]) > 16777216
+           OR jsonb_typeof(convert_from(p_payloads[i], 'UTF8')::jsonb) <> 'object' THEN
+            RAISE EXCEPTION 'event % of task % refused', i, p_task_id USING ERRCODE = 'WE008';
+        END IF;
+        prevs := prevs || link;
+        -- wal_event_hash_v2 written out: a SQL function called from PL/pgSQL is planned
+        -- again in every transaction (measured: about 100 µs per call).
+        link := sha256(link
+                       || convert_to('2' || E'\n' || octet_length(p_task_id) || ':'
+                                     || p_task_id || E'\n' || (p_expected_seq + i) || E'\n'
+                                     || octet_length(p_types[i]) || ':' || p_types[i]
+                                     || E'\n' || p_versions[i] || E'\n' || p_epoch || E'\n'
+                                     || (extract(epoch FROM stamp) * 1000000)::bigint
+                                     || E'\n' || coalesce(octet_length(p_keys[i]) || ':'
+                                                          || p_keys[i], '-')
+                                     || E'\n', 'UTF8')
+                       || p_payloads[i]);
+        hashes := hashes || link;
+    END LOOP;
+    RETURN QUERY
+    INSERT INTO wal_events AS w (task_id, seq, type, version, epoch, payload, idempotency_key,
+                                 prev_hash, hash, recorded_at, chain_version)
+    SELECT p_task_id, p_expected_seq + e.ord, e.type, e.version, p_epoch, e.payload, e.key,
+           e.prev, e.hash, stamp, 2
+      FROM unnest(p_types, p_versions, p_payloads, p_keys, prevs, hashes)
+               WITH ORDINALITY AS e(type, version, payload, key, prev, hash, ord)
+    RETURNING w.seq, w.hash;
+END;
+$$"""
+DEFINER_SETUP: Final = """
+ALTER FUNCTION bench_append_observations(text, bigint, bigint, bytea, text[], smallint[],
+                                         bytea[], text[])
+    SECURITY DEFINER SET search_path = public, pg_temp
+"""
+DATABASE_APPEND: Final = """
+SELECT * FROM bench_append_observations($1, $2, $3, $4, $5::text[], $6::int2[], $7::bytea[],
+                                        $8::text[])
+"""
 
 
 class Chain:
@@ -123,7 +220,22 @@ def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
 
 def _observe_one(c: Chain, payload: bytes) -> tuple[Any, ...]:
     seq, previous, new = c.advance()
-    return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new)
+    return (c.task_id, 1, seq, previous, EVENT_TYPE, 1, payload, None, new,
+            dt.datetime.now(dt.UTC))
+
+
+def database_append(connection: asyncpg.Connection, chain: Chain,
+                    payload: bytes) -> Callable[[], Awaitable[None]]:
+    """One call of the database-side append; the chain keeps the hash the database made."""
+
+    async def operation() -> None:
+        rows = await connection.fetch(DATABASE_APPEND, chain.task_id, 1, chain.seq, chain.hash,
+                                      [EVENT_TYPE], [1], [payload], [None])
+        if len(rows) != 1:
+            raise RuntimeError(f"the database-side append returned {len(rows)} rows")
+        chain.seq, chain.hash = rows[0]["seq"], rows[0]["hash"]
+
+    return operation
 
 
 def _fence_probe(c: Chain, payload: bytes) -> tuple[Any, ...]:
@@ -160,9 +272,12 @@ async def direct_contenders(
 ) -> list[harness.Contender]:
     """The statement variants, each on its own connection and its own task."""
     variants: list[tuple[str, str, Arguments, bool, int]] = [
-        ("wal_events INSERT, scalar VALUES (no fence)", EVENT_VALUES, _event_values, False, 1),
+        ("wal_events INSERT (its one CHECK), scalar VALUES (no fence)", EVENT_VALUES,
+         _event_values, False, 1),
         ("same INSERT, table with the former CHECKs", CHECKED_VALUES, _event_values, False,
          1),
+        ("same INSERT, table without wal_events_bounds", UNCHECKED_VALUES, _event_values,
+         False, 1),
         ("wal_events INSERT from unnest (no fence)", EVENT_UNNEST, _event_unnest, False, 1),
         ("fence probe alone (SELECT EXISTS)", FENCE_PROBE, _fence_probe, True, 1),
         ("store OBSERVE_ONE without RETURNING", OBSERVE_ONE_NO_RETURNING, _observe_one, True,
@@ -174,6 +289,7 @@ async def direct_contenders(
                                            server_settings=TENANT_SETTINGS)
     opened.append(raw_connection)
     await raw_connection.execute(CREATE_CHECKED)
+    await raw_connection.execute(CREATE_UNCHECKED)
     raw = Chain(f"raw-direct-{run_id}")
     contenders.append(harness.Contender(
         "raw INSERT (direct)",
@@ -194,6 +310,17 @@ async def direct_contenders(
         contenders.append(harness.Contender(
             name, direct(connection, query, chain, arguments, payload, rows=rows)
         ))
+    connection = await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
+                                       server_settings=TENANT_SETTINGS)
+    opened.append(connection)
+    await connection.execute(DATABASE_APPEND_FUNCTION)
+    await connection.execute(DEFINER_SETUP)
+    chain = Chain(f"definer-{run_id}")
+    await connection.execute(CREATE_HEAD, chain.task_id, chain.hash)
+    await connection.execute(EVENT_VALUES, *_event_values(chain, payload))
+    contenders.append(harness.Contender(
+        "database-side append (SECURITY DEFINER function)",
+        database_append(connection, chain, payload)))
     return contenders
 
 

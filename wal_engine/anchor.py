@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 import msgspec
 import orjson
 
+from wal_engine import limits
 from wal_engine.chain import VerifyReport
 from wal_engine.errors import ConfigurationError, WalError
 from wal_engine.store import Database, Store
@@ -222,7 +223,13 @@ def write_anchor(anchor: Anchor, path: str | Path) -> None:
 def read_anchor(path: str | Path) -> Anchor:
     """Read and check an anchor file; raises :class:`AnchorInvalid`."""
     try:
-        anchor = msgspec.json.decode(Path(path).read_bytes(), type=Anchor)
+        with Path(path).open("rb") as file:
+            # Bounded: a path such as /dev/zero must not be read to the end.
+            data = file.read(limits.anchor_bytes_max + 1)
+        if len(data) > limits.anchor_bytes_max:
+            raise AnchorInvalid(f"{path} is larger than {limits.anchor_bytes_max} bytes: "
+                                f"not an anchor")
+        anchor = msgspec.json.decode(data, type=Anchor)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as error:
         raise AnchorInvalid(f"cannot read anchor {path}: {error}") from error
     if anchor.format != ANCHOR_FORMAT or anchor.version != ANCHOR_VERSION:

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
+from wal_engine.errors import InvalidInput
 from wal_engine.events import Budget
+
+
+def validate_budget(budget: Budget) -> Budget:
+    """Return ``budget`` if every limit it sets is a positive finite number, else raise
+    InvalidInput (the database's insert trigger refuses the same)."""
+    for name in budget.__struct_fields__:
+        value = getattr(budget, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value) or value <= 0:
+            raise InvalidInput(f"budget {name} must be a positive number, not {value!r}")
+    return budget
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,10 +1,16 @@
 """The per-task hash chain (pure): how an event's hash is computed and how a chain is checked.
 
-``hash_n = sha256(hash_{n-1} || header || payload)`` where ``header`` is the UTF-8 text
-``"{task_id}\\n{seq}\\n{type}\\n{version}\\n{epoch}\\n"`` and ``payload`` is the exact stored
-bytes of the event's payload (``bytea``). The genesis ``hash_0`` is 32 zero bytes. The same
-function exists in SQL (``wal_event_hash`` in ``schema.sql``) for events the database writes
-itself (claims, orphaning); a test checks that the two agree.
+``hash_n = sha256(hash_{n-1} || header || payload)`` where ``payload`` is the exact stored
+bytes of the event's payload (``bytea``) and ``header`` depends on the row's chain version:
+
+* version 1: the UTF-8 text ``"{task_id}\\n{seq}\\n{type}\\n{version}\\n{epoch}\\n"``;
+* version 2 (:func:`event_hash_v2`) also covers ``recorded_at`` (microseconds since the Unix
+  epoch) and the idempotency key, each free-text field length-prefixed:
+  ``"2\\n{len}:{task_id}\\n{seq}\\n{len}:{type}\\n{version}\\n{epoch}\\n{µs}\\n{len}:{key}|-\\n"``.
+
+The genesis ``hash_0`` is 32 zero bytes. The same functions exist in SQL (``wal_event_hash``
+and ``wal_event_hash_v2`` in ``schema.sql``) for events the database writes itself (claims,
+orphaning); a test checks that they agree.
 
 Because the hash covers stored bytes, never a re-encoding, :func:`verify_records` can
 recompute every chain from the rows alone (DESIGN.md invariant 4).
@@ -12,6 +18,7 @@ recompute every chain from the rows alone (DESIGN.md invariant 4).
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Iterable
 from typing import Final, Protocol
@@ -19,9 +26,24 @@ from typing import Final, Protocol
 import msgspec
 
 from wal_engine.errors import WalError
-from wal_engine.state_machine import Status, is_legal
+from wal_engine.state_machine import TERMINAL, Status, is_legal
 
 GENESIS_HASH: Final = bytes(32)
+
+CHAIN_VERSION: Final = 2
+"""The chain version the engine writes; rows of version 1 still verify under theirs."""
+
+EPOCH_EVENT_TYPES: Final = frozenset({"task_claimed", "task_resumed", "task_orphaned",
+                                      "task_cancelled"})
+"""The events that change a task's lease epoch (each by one); the database writes them."""
+
+_UNIX_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND: Final = dt.timedelta(microseconds=1)
+
+
+def microseconds(stamp: dt.datetime) -> int:
+    """``stamp`` as whole microseconds since the Unix epoch (exact: PostgreSQL's precision)."""
+    return (stamp - _UNIX_EPOCH) // _MICROSECOND
 
 
 def event_hash(
@@ -38,6 +60,45 @@ def event_hash(
     digest.update(f"{task_id}\n{seq}\n{event_type}\n{version}\n{epoch}\n".encode())
     digest.update(payload)
     return digest.digest()
+
+
+def event_hash_v2(
+    prev_hash: bytes,
+    task_id: str,
+    seq: int,
+    event_type: str,
+    version: int,
+    epoch: int,
+    recorded_at: dt.datetime,
+    idempotency_key: str | None,
+    payload: bytes,
+) -> bytes:
+    """Return the chain hash (version 2) of one event: also covers the time and the key."""
+    task = task_id.encode()
+    kind = event_type.encode()
+    key = b"-" if idempotency_key is None else \
+        b"%d:%s" % (len(idempotency_key.encode()), idempotency_key.encode())
+    digest = hashlib.sha256(prev_hash)
+    digest.update(b"2\n%d:%s\n%d\n%d:%s\n%d\n%d\n%d\n%s\n" % (
+        len(task), task, seq, len(kind), kind, version, epoch, microseconds(recorded_at), key))
+    digest.update(payload)
+    return digest.digest()
+
+
+def row_hash(prev_hash: bytes, row: ChainRow) -> bytes:
+    """Recompute a stored row's hash under its own chain version."""
+    version = getattr(row, "chain_version", 1)
+    if version == 2:
+        recorded_at = getattr(row, "recorded_at", None)
+        if recorded_at is None:
+            return b""  # A version-2 row without its time cannot be checked: it fails.
+        return event_hash_v2(prev_hash, row.task_id, row.seq, row.type, row.version,
+                             row.epoch, recorded_at, getattr(row, "idempotency_key", None),
+                             row.payload)
+    if version != 1:
+        return b""
+    return event_hash(prev_hash, row.task_id, row.seq, row.type, row.version, row.epoch,
+                      row.payload)
 
 
 class StoredEvent(Protocol):
@@ -72,7 +133,10 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
 
     seq: int
     kind: str
-    """One of: gap, prev_hash, hash, epoch, unknown_type, transition, head."""
+    """One of: gap, prev_hash, hash, epoch, unknown_type, transition, head; and, from the
+    semantic checks (:mod:`wal_engine.verification`): after_terminal, semantics (the event
+    is impossible where it stands, or its payload does not decode into its type), seq (a
+    row outside 1..head), orphan (events of a task with no task row)."""
     detail: str
 
 
@@ -94,8 +158,10 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
 class ChainVerifier:
     """Incremental verifier: feed rows in seq order, read the first violation.
 
-    Checks contiguous seqs from 1, ``prev_hash`` linkage, the recomputed hash, monotonic
-    epochs and legal status moves. Stops checking at the first violation.
+    Checks contiguous seqs from 1, ``prev_hash`` linkage, the recomputed hash (under each
+    row's chain version), epochs (never decreasing, changed only by the events that take or
+    break a lease, by one), nothing after a terminal event, and legal status moves. Stops
+    checking at the first violation.
     """
 
     def __init__(self, task_id: str) -> None:
@@ -125,16 +191,22 @@ class ChainVerifier:
             return Violation(seq=self.last_seq + 1, kind="gap", detail=f"next stored seq is {seq}")
         if row.prev_hash != self.last_hash:
             return Violation(seq=seq, kind="prev_hash", detail="prev_hash does not link")
-        recomputed = event_hash(
-            self.last_hash, self.task_id, seq, row.type, row.version, row.epoch, row.payload
-        )
-        if recomputed != row.hash:
+        if row.task_id != self.task_id or row_hash(self.last_hash, row) != row.hash:
             return Violation(seq=seq, kind="hash", detail="stored hash does not match content")
-        if row.epoch < self.last_epoch:
-            return Violation(
-                seq=seq, kind="epoch", detail=f"epoch {row.epoch} after {self.last_epoch}"
-            )
-        return self._check_transition(row)
+        if self.status in TERMINAL:
+            return Violation(seq=seq, kind="after_terminal",
+                             detail=f"{row.type} after the terminal status {self.status}")
+        return self._check_epoch(row) or self._check_transition(row)
+
+    def _check_epoch(self, row: ChainRow) -> Violation | None:
+        epoch, last = row.epoch, self.last_epoch
+        if epoch < last:
+            return Violation(seq=row.seq, kind="epoch", detail=f"epoch {epoch} after {last}")
+        if epoch > last and (row.type not in EPOCH_EVENT_TYPES or epoch != last + 1):
+            return Violation(seq=row.seq, kind="epoch",
+                             detail=f"epoch {last} -> {epoch} at {row.type}; only a claim, "
+                                    f"resume, orphaning or cancellation moves it, by one")
+        return None
 
     def _check_transition(self, row: ChainRow) -> Violation | None:
         from wal_engine.events import target_status  # local: events imports this module's deps

@@ -19,7 +19,7 @@ from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.group_commit import GroupCommitter
 from wal_engine.hooks import NO_HOOKS, AgentHooks
 from wal_engine.idempotency import IdempotencyGateway
-from wal_engine.ids import TaskId, new_task_id, validate_task_id
+from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
 from wal_engine.payloads import encode_payload
 from wal_engine.redaction import (
     Redactor,
@@ -200,9 +200,13 @@ class Engine:
         ``dedup_key``, a repeated delivery (a webhook sent twice) is stored once.
         """
         validate_task_id(task_id)
-        if not name or len(name) > limits.name_length_max:
-            raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
-        encoded = encode_payload(self.redactor(payload))
+        validate_text(name, "a signal name", bytes_max=4 * limits.name_length_max,
+                      chars_max=limits.name_length_max, empty_ok=False)
+        if dedup_key is not None:
+            validate_text(dedup_key, "a dedup key", bytes_max=limits.dedup_key_bytes_max,
+                          empty_ok=False)
+        encoded = encode_payload(self.redactor(payload),
+                                 payload_bytes_max=limits.signal_payload_bytes_max)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
@@ -268,6 +272,10 @@ class Engine:
         Returns False if the task had already finished.
         """
         validate_task_id(task_id)
+        validate_text(reason, "a cancellation reason", bytes_max=limits.cancel_text_bytes_max)
+        if requested_by is not None:
+            validate_text(requested_by, "a cancellation requester",
+                          bytes_max=limits.cancel_text_bytes_max)
         reason = redact_text(self.redactor, reason)
         row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])
@@ -370,12 +378,15 @@ async def connect(
             created (:class:`~wal_engine.errors.TaskQuotaExceeded`); an administrator's
             cap in ``wal_tenants.tasks_max`` applies as well.
         events_per_task_max: Appends that would take a task past this many events are
-            refused (:class:`InvalidInput`), except the one that ends it.
+            refused (:class:`InvalidInput`), except the one that ends it; at most the
+            database's own ceiling (``limits.events_per_task_ceiling``), which a CHECK on
+            the log enforces for every writer.
         llm_spend_max_usd: A cap on the LLM spend of all the tenant's tasks together:
             checked before each LLM call, a task that finds it reached fails with
             ``budget_exceeded`` (``tenant_llm_spend_usd``); an administrator's cap in
             ``wal_tenants.llm_spend_max_usd`` applies as well.
-        payload_bytes_max: The cap on one event's encoded payload.
+        payload_bytes_max: The cap on one event's encoded payload; at most the database's
+            own ceiling (``limits.payload_bytes_ceiling``, a CHECK on the log).
         redactor: Applied to every input, intent, result, message and signal before it is
             hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
         secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
@@ -385,8 +396,12 @@ async def connect(
             logged. None decides from the setup: the embedded server and
             ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
     """
-    if events_per_task_max < 1:
-        raise ConfigurationError("events_per_task_max must be at least 1")
+    if not 1 <= events_per_task_max <= limits.events_per_task_ceiling:
+        raise ConfigurationError(f"events_per_task_max must be 1..{limits.events_per_task_ceiling}"
+                                 f" (the database's ceiling)")
+    if not 1 <= payload_bytes_max <= limits.payload_bytes_ceiling:
+        raise ConfigurationError(f"payload_bytes_max must be 1..{limits.payload_bytes_ceiling} "
+                                 f"(the database's ceiling)")
     if llm_spend_max_usd is not None and not (
             math.isfinite(llm_spend_max_usd) and llm_spend_max_usd >= 0):
         raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")

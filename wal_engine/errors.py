@@ -75,6 +75,17 @@ class InvalidTenant(InvalidInput):
         self.reason = reason
 
 
+class CapExceeded(InvalidInput):
+    """A write the database refused for one of its caps (payload bytes, events per task,
+    signals per task or tenant, cancellation texts); nothing was written."""
+
+    def __init__(self, cap: str, detail: str) -> None:
+        super().__init__(f"{cap}: {detail}")
+        self.cap = cap
+        """Which cap: ``signals_per_task``, ``signals_per_tenant``, ``signal_payload_bytes``,
+        ``cancel_text_bytes`` or ``event_bounds`` (seq, epoch or payload size of an event)."""
+
+
 class InvalidPayload(InvalidInput):
     """A payload that cannot be stored: not plain JSON, NaN, NUL, surrogate, too big, too deep."""
 

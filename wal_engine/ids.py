@@ -7,13 +7,15 @@ import uuid
 from typing import Final, NewType
 
 from wal_engine import limits
-from wal_engine.errors import InvalidTaskId, InvalidTenant
+from wal_engine.errors import InvalidInput, InvalidTaskId, InvalidTenant
 
 TaskId = NewType("TaskId", str)
 WorkerId = NewType("WorkerId", str)
 IdempotencyKey = NewType("IdempotencyKey", str)
 
 _task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
+_dots_only: Final = re.compile(r"\.+")
+"""Ids made of dots alone (``.``, ``..``) name directories in paths: refused."""
 
 DEFAULT_TENANT: Final = "default"
 """The tenant of an engine connected without one (and of the rows of a schema-1 database)."""
@@ -51,7 +53,34 @@ def validate_task_id(task_id: object) -> TaskId:
         raise InvalidTaskId(task_id, f"longer than {limits.task_id_length_max} characters")
     if _task_id_pattern.fullmatch(task_id) is None:
         raise InvalidTaskId(task_id, "only letters, digits and _ . : - are allowed")
+    if _dots_only.fullmatch(task_id) is not None:
+        raise InvalidTaskId(task_id, "must not be made of dots alone")
     return TaskId(task_id)
+
+
+def validate_text(value: object, what: str, *, bytes_max: int, chars_max: int | None = None,
+                  empty_ok: bool = True) -> str:
+    """Return ``value`` if it is a str that PostgreSQL can store, or raise InvalidInput.
+
+    It must encode to UTF-8 (no lone surrogate, such as the ``\\udcff`` a shell argument
+    of byte ``\\xff`` becomes), hold no NUL, and fit in ``bytes_max`` UTF-8 bytes (and
+    ``chars_max`` characters), and be non-empty unless ``empty_ok``. Other characters
+    are data: the log stores them as given (RELIABILITY.md S10).
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a str, not {type(value).__name__}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        raise InvalidInput(f"{what} is not valid text (position {error.start})") from None
+    if "\x00" in value:
+        raise InvalidInput(f"{what} must not contain NUL")
+    if size > bytes_max or (chars_max is not None and len(value) > chars_max):
+        limit = f"{bytes_max} bytes" if chars_max is None else f"{chars_max} characters"
+        raise InvalidInput(f"{what} is longer than {limit}")
+    if not value and not empty_ok:
+        raise InvalidInput(f"{what} must not be empty")
+    return value
 
 
 def new_task_id() -> TaskId:

@@ -33,6 +33,49 @@ tasks_max: Final = None
 """Default cap on the tasks of one tenant: none (``connect(tasks_max=...)`` sets one; an
 administrator may set one in ``wal_tenants.tasks_max``)."""
 
+events_per_task_ceiling: Final = 10_000_000
+"""The database's own cap on the events of one task (``wal_events_per_task_max()`` in
+``schema.sql``), whatever an engine asks for: ``connect(events_per_task_max=...)`` may set
+a lower one, checked by the writer."""
+
+payload_bytes_ceiling: Final = 16 * 1024 * 1024
+"""The database's own cap on one event's payload (``wal_payload_bytes_max()``); an engine's
+``payload_bytes_max`` may not exceed it."""
+
+epoch_max: Final = 2**31 - 1
+"""Most lease epochs a task may go through (each claim, orphaning or cancellation takes one);
+a CHECK of ``schema.sql`` refuses an event beyond it."""
+
+cancel_text_bytes_max: Final = 4096
+"""Longest cancellation reason, and requester, in UTF-8 bytes (checked by the database too)."""
+
+dedup_key_bytes_max: Final = 512
+"""Longest signal dedup key in UTF-8 bytes (checked by the database too: a longer key would
+overflow its unique index)."""
+
+signal_payload_bytes_max: Final = 1024 * 1024
+"""Largest signal payload (the database's cap, ``wal_send_signal``)."""
+
+signals_per_task_max: Final = 1000
+signal_bytes_per_task_max: Final = 16 * 1024 * 1024
+"""The database's caps on the signals one task may hold: count and payload bytes."""
+
+signals_per_tenant_max: Final = 1_000_000
+signal_bytes_per_tenant_max: Final = 4 * 1024 * 1024 * 1024
+"""The database's default caps on a tenant's signals (an administrator may set others in
+``wal_tenants``)."""
+
+llm_cost_usd_max: Final = 1_000_000
+"""Largest cost one LLM call may report (USD); the database refuses more, and any
+non-finite or negative amount."""
+
+recorded_at_skew_max_s: Final = 86_400
+"""How far ``recorded_at`` may go back from one event to the next before ``verify`` reports
+it (writers' clocks differ a little; a backdated forgery by much more)."""
+
+anchor_bytes_max: Final = 256 * 1024 * 1024
+"""Largest anchor file read (``verify --anchor``): a bigger one is refused, not read."""
+
 pool_size_min: Final = 1
 pool_size_max: Final = 20
 statement_timeout_ms: Final = 30_000

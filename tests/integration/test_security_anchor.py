@@ -23,7 +23,7 @@ from wal_engine.anchor import (
     verify_anchor,
     write_anchor,
 )
-from wal_engine.chain import event_hash
+from wal_engine.chain import row_hash
 from wal_engine.store import Database, Store
 
 
@@ -106,8 +106,7 @@ async def _rewrite_chain(store: Store, task_id: str, from_seq: int) -> None:
         payload = record.payload
         if record.seq == from_seq:
             payload = payload.replace(b"message", b"MESSAGE")
-        digest = event_hash(previous, task_id, record.seq, record.type, record.version,
-                            record.epoch, payload)
+        digest = row_hash(previous, msgspec.structs.replace(record, payload=payload))
         statements.append(("UPDATE wal_events SET payload = $3, prev_hash = $4, hash = $5"
                            " WHERE task_id = $1 AND seq = $2",
                            (task_id, record.seq, payload, previous, digest)))

@@ -11,6 +11,7 @@ take snapshots of every row of every tenant (superusers bypass row security).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import re
 import subprocess
@@ -509,16 +510,18 @@ async def test_hot_statements_probe_the_primary_keys(
         await connection.execute("SET plan_cache_mode = force_generic_plan")
         args = ("a-task", 1, 2, bytes(32))
         arrays = (["message_appended"], [1], [b"{}"], [None], [bytes(32)], [bytes(32)])
+        stamp = dt.datetime.now(dt.UTC)  # recorded_at: chain version 2 covers it
         plans = {
             "READ_HEAD": (queries.READ_HEAD, ("a-task",)),
             "READ_EVENTS": (queries.READ_EVENTS, ("a-task", 1, 10, 10)),
             "OBSERVE_ONE": (queries.OBSERVE_ONE, (*args, "message_appended", 1, b"{}", None,
-                                                  bytes(32))),
-            "OBSERVE_MANY": (queries.OBSERVE_MANY, (*args, *arrays)),
-            "TRANSITION": (queries.TRANSITION, (*args, *arrays, "RUNNING", None, None, None)),
+                                                  bytes(32), stamp)),
+            "OBSERVE_MANY": (queries.OBSERVE_MANY, (*args, *arrays, stamp)),
+            "TRANSITION": (queries.TRANSITION, (*args, *arrays, "RUNNING", None, None, None,
+                                                stamp)),
             "APPEND_MANY": (queries.APPEND_MANY, (
                 ["a-task"], [1], [2], [bytes(32)], [bytes(32)], ["RUNNING"], [None], [0], [None],
-                [1], [1], *arrays, [1])),
+                [1], [1], *arrays, [1], [stamp])),
         }
         for name, (statement, values) in plans.items():
             # The generic plan, as a prepared statement runs it after its first executions;
@@ -583,9 +586,12 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
         assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 7, checks
-        # The log table has no CHECK constraint at all (decision 28), old ones included.
-        assert await admin.fetchval("SELECT count(*) FROM pg_constraint WHERE contype = 'c'"
-                                    " AND conrelid = 'wal_events'::regclass") == 0
+        # The log table has one CHECK only, its bounds (decision 39); the ones decision 28
+        # dropped are gone, old ones included.
+        assert await admin.fetchval("SELECT array_agg(conname) FROM pg_constraint"
+                                    " WHERE contype = 'c'"
+                                    " AND conrelid = 'wal_events'::regclass") == [
+            "wal_events_bounds"]
         secured = await admin.fetch(
             "SELECT relname FROM pg_class WHERE relrowsecurity AND relforcerowsecurity"
             " AND relname LIKE 'wal\\_%' ORDER BY 1")
@@ -631,6 +637,8 @@ def _literal(value: Any) -> str:
         return str(value)
     if isinstance(value, list):
         return "ARRAY[" + ", ".join(_literal(item) for item in value) + "]"
+    if isinstance(value, dt.datetime):
+        return f"'{value.isoformat()}'::timestamptz"
     return "'" + str(value).replace("'", "''") + "'"
 
 

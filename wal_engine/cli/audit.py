@@ -327,6 +327,9 @@ async def _verify_all(store: Store, as_json: bool) -> bool:
                 _print_verify(report, as_json, single=False)
             bars.update("verifying tasks", checked, max(total, checked))
             after = heads[-1].task_id
+    for report in await store.verify_orphans(limit=verify_page_tasks):
+        failed += 1
+        _print_verify(report, as_json, single=False)
     if not as_json:
         verdict = "all ok" if failed == 0 else f"[red]{failed} failed[/]"
         console().print(f"verified {checked} task(s), {events} event(s): {verdict}")

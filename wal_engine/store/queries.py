@@ -63,8 +63,9 @@ WITH task AS (
     ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), event AS (
-    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
-    SELECT task.task_id, 1, $3, $4, 0, $5, $10, $6 FROM task
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash,
+                            recorded_at, chain_version)
+    SELECT task.task_id, 1, $3, $4, 0, $5, $10, $6, $12, 2 FROM task
     RETURNING seq
 ), wake AS (
     SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
@@ -101,22 +102,23 @@ PREVIOUS_OK_LEASED: Final = f"""
                           {", ".join(repr(t) for t in LEASE_DROPPED_TYPES)})
 """
 
-# One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key, $9 hash.
+# One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key, $9 hash,
+# $10 the time stamped on it (chain version 2 covers it, with the key).
 OBSERVE_ONE: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9
+                        prev_hash, hash, recorded_at, chain_version)
+SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9, $10, 2
  WHERE EXISTS ({PREVIOUS_OK_LEASED})
 RETURNING seq
 """
 
 # A batch of observations of one task: $5..$10 are arrays (type, version, payload, key,
-# prev_hash, hash).
+# prev_hash, hash), $11 the time stamped on them.
 OBSERVE_MANY: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
+                        prev_hash, hash, recorded_at, chain_version)
 SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key, e.prev_hash,
-       e.hash
+       e.hash, $11, 2
   FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
            WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
  WHERE EXISTS ({PREVIOUS_OK_LEASED})
@@ -125,7 +127,8 @@ RETURNING seq
 
 # A batch that moves the status ($11 the final status, $12 the walk): the task row and the
 # events in one statement. $13/$14 set the wake time and awaited signal when it ends
-# WAITING (database clock); leaving the leased statuses drops the lease.
+# WAITING (database clock); leaving the leased statuses drops the lease. $15 is the time
+# stamped on the events.
 TRANSITION: Final = f"""
 WITH head AS (
     UPDATE wal_tasks
@@ -144,9 +147,9 @@ WITH head AS (
  RETURNING task_id
 )
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
+                        prev_hash, hash, recorded_at, chain_version)
 SELECT head.task_id, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
-       e.prev_hash, e.hash
+       e.prev_hash, e.hash, $15, 2
   FROM head,
        unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
            WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
@@ -154,17 +157,19 @@ RETURNING seq
 """
 
 # Group commit: the pending appends of many tasks in one statement and one commit, each
-# task fenced on its own. $1..$9 are per task (index i); $10..$16 per event (task index).
+# task fenced on its own. $1..$9, $18 and $19 (the time stamped on its events) are per task
+# (index i); $10..$17 per event (task index).
 # Tasks whose predecessor check fails are left out (the caller classifies them); a
 # duplicate seq aborts the statement (the caller then appends task by task). Returns the
 # ids of the accepted tasks.
 APPEND_MANY: Final = f"""
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[],
-                         $6::text[], $7::text[], $8::int8[], $9::text[], $18::int4[])
+                         $6::text[], $7::text[], $8::int8[], $9::text[], $18::int4[],
+                         $19::timestamptz[])
                WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
                                     new_status, status_path, wake_after_ms, waiting_signal,
-                                    n, i)
+                                    n, recorded_at, i)
 ), fenced AS (
     SELECT batch.* FROM batch
       JOIN wal_events p ON p.tenant = current_setting('wal.tenant', true)
@@ -194,15 +199,16 @@ WITH batch AS (
        AND t.task_id = f.task_id AND t.lease_epoch = f.epoch
  RETURNING f.i
 ), accepted AS (
-    SELECT i, task_id, epoch, expected_seq, prev_hash FROM fenced WHERE new_status IS NULL
+    SELECT i, task_id, epoch, expected_seq, prev_hash, recorded_at FROM fenced
+     WHERE new_status IS NULL
     UNION ALL
-    SELECT f.i, f.task_id, f.epoch, f.expected_seq, f.prev_hash
+    SELECT f.i, f.task_id, f.epoch, f.expected_seq, f.prev_hash, f.recorded_at
       FROM fenced f JOIN moved m ON m.i = f.i
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                            prev_hash, hash)
+                            prev_hash, hash, recorded_at, chain_version)
     SELECT a.task_id, a.expected_seq + e.offset_in_task, e.type, e.version, a.epoch,
-           e.payload, e.idempotency_key, e.prev_hash, e.hash
+           e.payload, e.idempotency_key, e.prev_hash, e.hash, a.recorded_at, 2
       FROM unnest($10::int8[], $11::int4[], $12::text[], $13::int2[], $14::bytea[],
                   $15::text[], $16::bytea[], $17::bytea[])
                AS e(task_index, offset_in_task, type, version, payload, idempotency_key,
@@ -244,13 +250,34 @@ SELECT seq, epoch, type FROM wal_events
 
 # The head as the task row records it (last status move), for verification.
 READ_RECORDED_HEAD: Final = """
-SELECT head_seq, head_hash FROM wal_tasks WHERE tenant = current_setting('wal.tenant', true)
- AND task_id = $1
+SELECT head_seq, head_hash, lease_epoch FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+"""
+
+# Rows of a task outside 1..: the streamed read starts at seq 1 and would never see them.
+READ_SEQ_BELOW_ONE: Final = """
+SELECT seq FROM wal_events
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq < 1
+ ORDER BY seq
+ LIMIT 1
+"""
+
+# Events whose task has no row (a forged append for a task that does not exist): a full
+# scan of the tenant's log, run by `verify --all` only, which reads every event anyway.
+ORPHAN_EVENT_TASKS: Final = """
+SELECT e.task_id, min(e.seq) AS seq, count(*) AS events
+  FROM wal_events e
+ WHERE e.tenant = current_setting('wal.tenant', true)
+   AND NOT EXISTS (SELECT 1 FROM wal_tasks t
+                    WHERE t.tenant = e.tenant AND t.task_id = e.task_id)
+ GROUP BY e.task_id
+ ORDER BY e.task_id
+ LIMIT $1
 """
 
 READ_EVENTS: Final = """
 SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
-       recorded_at
+       recorded_at, chain_version
   FROM wal_events
  WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq >= $2 AND seq <= $3
  ORDER BY seq

@@ -24,6 +24,9 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     prev_hash: bytes
     hash: bytes
     recorded_at: dt.datetime | None = None
+    chain_version: int = 1
+    """How ``hash`` was computed (``wal_engine.chain``): 2 also covers ``recorded_at`` and
+    ``idempotency_key``."""
 
     def decode(self) -> vocabulary.Event:
         """Decode the payload into its event; fails closed on unknown type or version."""
@@ -75,3 +78,6 @@ class PendingAppend(msgspec.Struct, frozen=True, kw_only=True):
     events: list[vocabulary.Event]
     encoded: list[tuple[str, int, bytes]] | None = None
     """The events already encoded (``events.encode_event``), when the caller validated them."""
+    recorded_at: dt.datetime = msgspec.field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    """The time stamped on the events (covered by their hash): fixed when the append is made,
+    so that an append whose commit was lost is recognised by its hashes."""

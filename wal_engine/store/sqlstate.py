@@ -8,6 +8,7 @@ import asyncpg
 
 from wal_engine.errors import (
     AppendOnlyViolation,
+    CapExceeded,
     IllegalTransition,
     InvalidInput,
     TaskQuotaExceeded,
@@ -20,7 +21,10 @@ APPEND_ONLY: Final = "WE002"
 HEAD_REGRESSED: Final = "WE003"
 UNKNOWN_TASK: Final = "WE004"
 TASK_QUOTA: Final = "WE005"
+CAP_EXCEEDED: Final = "WE008"
 CHECK_VIOLATION: Final = "23514"
+EVENT_BOUNDS: Final = "wal_events_bounds"
+"""The CHECK on the log's seq, epoch and payload size (schema.sql, issue 16 section)."""
 """Builtin codes the engine reacts to."""
 
 _input_codes: Final = frozenset(
@@ -32,6 +36,7 @@ _input_codes: Final = frozenset(
         "54001",  # statement_too_complex
         "22003",  # numeric_value_out_of_range
         "22008",  # datetime_field_overflow
+        "22023",  # invalid_parameter_value: the engine's functions refusing an argument
     }
 )
 
@@ -56,6 +61,10 @@ def translate(error: asyncpg.PostgresError, task_id: str | None = None) -> WalEr
     if code == TASK_QUOTA:
         detail = str(error.detail or "")
         return TaskQuotaExceeded(None, int(detail) if detail.isdigit() else None)
+    if code == CAP_EXCEEDED:
+        return CapExceeded(str(error.detail or "cap"), str(error))
+    if code == CHECK_VIOLATION and error.constraint_name == EVENT_BOUNDS:
+        return CapExceeded("event_bounds", str(error))
     if code in _input_codes:
         return InvalidInput(f"rejected by PostgreSQL ({code}): {error}")
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
@@ -13,7 +14,8 @@ import structlog
 
 from wal_engine import events as vocabulary
 from wal_engine import limits, metrics
-from wal_engine.chain import GENESIS_HASH, ChainVerifier, VerifyReport, Violation, event_hash
+from wal_engine.budgets import validate_budget
+from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
 from wal_engine.errors import (
     AmbiguousCommit,
     ConcurrencyConflict,
@@ -31,6 +33,7 @@ from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
+from wal_engine.verification import HistoryVerifier
 
 log = structlog.get_logger(__name__)
 
@@ -47,9 +50,11 @@ class _Batch:
     """One task's events encoded and chained, ready to be bound to a statement."""
 
     __slots__ = ("hashes", "idempotency_keys", "new_hash", "new_status", "path", "payloads",
-                 "prev_hashes", "types", "versions", "waiting_signal", "wake_after_ms")
+                 "prev_hashes", "recorded_at", "types", "versions", "waiting_signal",
+                 "wake_after_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, recorded_at: dt.datetime) -> None:
+        self.recorded_at = recorded_at
         self.types: list[str] = []
         self.versions: list[int] = []
         self.payloads: list[bytes] = []
@@ -72,16 +77,20 @@ def encode_batch(
     prev_hash: bytes,
     payload_bytes_max: int,
     encoded: Sequence[tuple[str, int, bytes]] | None = None,
+    recorded_at: dt.datetime | None = None,
 ) -> _Batch:
-    """Encode, validate and chain one task's events (pure; raises InvalidInput).
+    """Encode, validate and chain one task's events (pure but for the clock; raises
+    InvalidInput).
 
-    ``encoded`` carries the events' encodings when the caller already made them.
+    ``encoded`` carries the events' encodings when the caller already made them. The events
+    are chained under chain version 2 (``wal_engine.chain``), stamped ``recorded_at``
+    (default: now).
     """
     if not events:
         raise InvalidInput("an append needs at least one event")
     if len(events) > limits.batch_events_max:
         raise InvalidInput(f"more than {limits.batch_events_max} events in one append")
-    batch = _Batch()
+    batch = _Batch(recorded_at or now())
     previous = prev_hash
     for offset, event in enumerate(events, start=1):
         if encoded is None:
@@ -90,11 +99,13 @@ def encode_batch(
             )
         else:
             kind, version, payload = encoded[offset - 1]
-        digest = event_hash(previous, task_id, expected_seq + offset, kind, version, epoch, payload)
+        key = getattr(event, "idempotency_key", None)
+        digest = event_hash_v2(previous, task_id, expected_seq + offset, kind, version, epoch,
+                               batch.recorded_at, key, payload)
         batch.types.append(kind)
         batch.versions.append(version)
         batch.payloads.append(payload)
-        batch.idempotency_keys.append(getattr(event, "idempotency_key", None))
+        batch.idempotency_keys.append(key)
         batch.prev_hashes.append(previous)
         batch.hashes.append(digest)
         target = type(event).TARGET_STATUS
@@ -108,6 +119,11 @@ def encode_batch(
     batch.new_hash = previous
     batch.new_status = batch.path[-1] if batch.path else None
     return batch
+
+
+def now() -> dt.datetime:
+    """The writer's clock, stamped on the events it appends (covered by their hash)."""
+    return dt.datetime.now(dt.UTC)
 
 
 def check_history_bound(task_id: str, expected_seq: int, events: Sequence[vocabulary.Event],
@@ -162,7 +178,7 @@ class Store:
         submitted = vocabulary.TaskSubmitted(
             agent=agent,
             input=self.redactor(input),
-            budget=budget or vocabulary.Budget(),
+            budget=validate_budget(budget or vocabulary.Budget()),
             parent_task_id=parent_task_id,
             parent_seq=parent_seq,
             agent_version=agent_version,
@@ -170,14 +186,16 @@ class Store:
         kind, version, payload = vocabulary.encode_event(
             submitted, payload_bytes_max=self.payload_bytes_max
         )
-        digest = event_hash(GENESIS_HASH, task_id, 1, kind, version, 0, payload)
+        recorded_at = now()
+        digest = event_hash_v2(GENESIS_HASH, task_id, 1, kind, version, 0, recorded_at, None,
+                               payload)
         budget_json = orjson.dumps(
             msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
         ).decode()
         row = await self.database.fetchrow(
             queries.CREATE_TASK,
             task_id, agent, kind, version, payload, digest, budget_json,
-            parent_task_id, parent_seq, GENESIS_HASH, agent_version,
+            parent_task_id, parent_seq, GENESIS_HASH, agent_version, recorded_at,
             task_id=task_id,
         )
         assert row is not None
@@ -291,7 +309,7 @@ class Store:
             encode_batch(
                 a.task_id, a.events, epoch=a.epoch, expected_seq=a.expected_seq,
                 prev_hash=a.prev_hash, payload_bytes_max=self.payload_bytes_max,
-                encoded=a.encoded,
+                encoded=a.encoded, recorded_at=a.recorded_at,
             )
             for a in appends
         ]
@@ -348,6 +366,7 @@ class Store:
             append.task_id, append.events, epoch=append.epoch,
             expected_seq=append.expected_seq, prev_hash=append.prev_hash,
             payload_bytes_max=self.payload_bytes_max, encoded=append.encoded,
+            recorded_at=append.recorded_at,
         )
         rows = await self._resolve_ambiguous(append.task_id, append.expected_seq,
                                              batch.hashes, error)
@@ -459,7 +478,8 @@ class Store:
         return records
 
     async def verify_task(self, task_id: str) -> VerifyReport:
-        """Recompute the task's chain from the stored rows and compare with its head.
+        """Recompute the task's chain from the stored rows, check what the events mean
+        (:mod:`wal_engine.verification`) and compare with its head.
 
         The task row records the head as of its last status move; the log must reach it
         with the same hash (a tail deleted below it is caught here; a tail deleted above it
@@ -469,7 +489,13 @@ class Store:
                                                 task_id=task_id)
         if recorded is None:
             raise UnknownTask(task_id)
-        verifier = ChainVerifier(task_id)
+        below = await self.database.fetchrow(queries.READ_SEQ_BELOW_ONE, task_id,
+                                             task_id=task_id)
+        if below is not None:
+            return VerifyReport(task_id=task_id, events=0, head_seq=0, head_hash=GENESIS_HASH,
+                                violation=Violation(seq=int(below["seq"]), kind="seq",
+                                                    detail="a stored seq below 1"))
+        verifier = HistoryVerifier(task_id, lease_epoch=int(recorded["lease_epoch"]))
         hash_at_recorded_head: bytes | None = None
         async for record in self.stream_events(task_id):
             if not verifier.feed(record):
@@ -488,6 +514,17 @@ class Store:
             report = msgspec.structs.replace(report, violation=violation)
         return report
 
+    async def verify_orphans(self, *, limit: int = 1000) -> list[VerifyReport]:
+        """Reports for up to ``limit`` task ids that have events but no task row (a scan of
+        the tenant's whole log: ``verify --all`` only)."""
+        rows = await self.database.fetch(queries.ORPHAN_EVENT_TASKS, limit)
+        return [VerifyReport(task_id=row["task_id"], events=int(row["events"]), head_seq=0,
+                             head_hash=GENESIS_HASH,
+                             violation=Violation(seq=int(row["seq"]), kind="orphan",
+                                                 detail=f"{row['events']} event(s) of a task "
+                                                        f"that has no task row"))
+                for row in rows]
+
 
 def _accepted(task_id: str, expected_seq: int, count: int, head_hash: bytes,
               new_status: str | None) -> AppendResult:
@@ -504,10 +541,12 @@ def _observation(task_id: str, event: vocabulary.Event,
     """The statement, arguments and hash of one observation (no status move)."""
     kind, version, payload = encoded if encoded is not None else vocabulary.encode_event(
         event, payload_bytes_max=payload_bytes_max)
-    digest = event_hash(prev_hash, task_id, expected_seq + 1, kind, version, epoch, payload)
+    key, recorded_at = getattr(event, "idempotency_key", None), now()
+    digest = event_hash_v2(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
+                           recorded_at, key, payload)
     return queries.OBSERVE_ONE, (
-        task_id, epoch, expected_seq, prev_hash, kind, version, payload,
-        getattr(event, "idempotency_key", None), digest,
+        task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
+        recorded_at,
     ), (digest,)
 
 
@@ -519,10 +558,11 @@ def _append_statement(
     columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
                batch.prev_hashes, batch.hashes)
     if batch.new_status is None:
-        return queries.OBSERVE_MANY, (task_id, epoch, expected_seq, prev_hash, *columns)
+        return queries.OBSERVE_MANY, (task_id, epoch, expected_seq, prev_hash, *columns,
+                                      batch.recorded_at)
     return queries.TRANSITION, (
         task_id, epoch, expected_seq, prev_hash, *columns, batch.new_status, batch.path,
-        batch.wake_after_ms, batch.waiting_signal,
+        batch.wake_after_ms, batch.waiting_signal, batch.recorded_at,
     )
 
 
@@ -552,7 +592,7 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
         [",".join(b.path) if b.path else None for b in batches],
         [b.wake_after_ms for b in batches], [b.waiting_signal for b in batches],
         task_index, offsets, types, versions, payload_list, keys, prev_hashes, hashes,
-        [len(b.types) for b in batches],
+        [len(b.types) for b in batches], [b.recorded_at for b in batches],
     )
 
 

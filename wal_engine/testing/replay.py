@@ -19,6 +19,7 @@ need around it:
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -29,9 +30,10 @@ import msgspec
 from replay.fold import fold
 from replay.state import AgentState
 from wal_engine import events as ev
-from wal_engine.chain import GENESIS_HASH, VerifyReport, verify_records
+from wal_engine.chain import GENESIS_HASH, VerifyReport
 from wal_engine.replay_check import ReplayReport, replay_events
 from wal_engine.store import EventRecord
+from wal_engine.verification import verify_history as verify_semantics
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
@@ -95,10 +97,21 @@ async def assert_replay_equivalent(engine: Engine, agent: str, task_input: Any =
 
 
 def history_rows(records: Iterable[EventRecord]) -> list[dict[str, Any]]:
-    """Plain rows of a history: task_id, seq, type, version, epoch, payload text, hash hex."""
-    return [{"task_id": r.task_id, "seq": r.seq, "type": r.type, "version": r.version,
-             "epoch": r.epoch, "payload": bytes(r.payload).decode("utf-8"),
-             "hash": bytes(r.hash).hex()} for r in records]
+    """Plain rows of a history: task_id, seq, type, version, epoch, payload text, hash hex;
+    rows of chain version 2 add what their hash covers besides (``chain_version``,
+    ``recorded_at`` in ISO 8601 with microseconds, ``idempotency_key``)."""
+    return [_history_row(r) for r in records]
+
+
+def _history_row(r: EventRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {"task_id": r.task_id, "seq": r.seq, "type": r.type,
+                           "version": r.version, "epoch": r.epoch,
+                           "payload": bytes(r.payload).decode("utf-8"),
+                           "hash": bytes(r.hash).hex()}
+    if r.chain_version != 1:
+        row.update(chain_version=r.chain_version, idempotency_key=r.idempotency_key,
+                   recorded_at=None if r.recorded_at is None else r.recorded_at.isoformat())
+    return row
 
 
 def dump_history(records: Iterable[EventRecord], path: Path) -> None:
@@ -119,11 +132,15 @@ def load_history(path: Path) -> list[EventRecord]:
             row = json.loads(line)
             payload = str(row["payload"]).encode("utf-8")
             digest = bytes.fromhex(str(row["hash"]))
+            chain_version = int(row.get("chain_version", 1))
+            stamp = row.get("recorded_at")
             record = EventRecord(
                 task_id=str(row["task_id"]), seq=int(row["seq"]), type=str(row["type"]),
                 version=int(row["version"]), epoch=int(row["epoch"]), payload=payload,
-                idempotency_key=_intent_key(str(row["type"]), payload), prev_hash=previous,
-                hash=digest)
+                idempotency_key=row["idempotency_key"] if chain_version != 1
+                else _intent_key(str(row["type"]), payload), prev_hash=previous,
+                hash=digest, chain_version=chain_version,
+                recorded_at=None if stamp is None else dt.datetime.fromisoformat(str(stamp)))
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path}:{number}: not a history row: {error}") from error
         records.append(record)
@@ -139,18 +156,20 @@ def _intent_key(event_type: str, payload: bytes) -> str | None:
 
 
 def verify_history(records: Sequence[EventRecord]) -> VerifyReport:
-    """Recompute the hash chain of a loaded history."""
+    """Recompute the hash chain of a loaded history and check what its events mean."""
     task_id = records[0].task_id if records else ""
-    return verify_records(task_id, records)
+    return verify_semantics(task_id, list(records))
 
 
 INSERT_EVENTS: Final = """
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-SELECT $1, e.seq, e.type, e.version, e.epoch, e.payload, e.idempotency_key, e.prev_hash, e.hash
+                        prev_hash, hash, chain_version, recorded_at)
+SELECT $1, e.seq, e.type, e.version, e.epoch, e.payload, e.idempotency_key, e.prev_hash, e.hash,
+       e.chain_version, coalesce(e.recorded_at, now())
   FROM unnest($2::int8[], $3::text[], $4::int2[], $5::int8[], $6::bytea[], $7::text[],
-              $8::bytea[], $9::bytea[])
-       AS e(seq, type, version, epoch, payload, idempotency_key, prev_hash, hash)
+              $8::bytea[], $9::bytea[], $10::int2[], $11::timestamptz[])
+       AS e(seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
+            chain_version, recorded_at)
 """
 INSERT_HEAD: Final = """
 INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, lease_epoch)
@@ -177,7 +196,8 @@ async def insert_history(database: Any, records: Sequence[EventRecord]) -> Agent
             INSERT_EVENTS, head.task_id, [r.seq for r in records], [r.type for r in records],
             [r.version for r in records], [r.epoch for r in records],
             [r.payload for r in records], [r.idempotency_key for r in records],
-            [r.prev_hash for r in records], [r.hash for r in records])
+            [r.prev_hash for r in records], [r.hash for r in records],
+            [r.chain_version for r in records], [r.recorded_at for r in records])
         if walk:
             await connection.execute(MOVE_HEAD, head.task_id, walk[-1], walk, head.seq,
                                      head.hash, max(r.epoch for r in records), state.attempts)
