@@ -17,23 +17,19 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import claim, log_snapshot
+from tests.integration.tenant_roles import TenantRoles
 from wal_engine import limits
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import CapExceeded, ConfigurationError, InvalidInput
 from wal_engine.events import Budget
-from wal_engine.security import APP_ROLE, apply_security, dsn_for_role
 from wal_engine.store import queries
 
 
 @pytest_asyncio.fixture
-async def app_dsn(database_dsn: str) -> str:
-    """The test database with security.sql applied; a DSN logging in as the app role."""
-    admin = await asyncpg.connect(database_dsn)
-    try:
-        await apply_security(admin)
-    finally:
-        await admin.close()
-    return dsn_for_role(database_dsn, APP_ROLE)
+async def app_dsn(tenant_roles: TenantRoles) -> str:
+    """The test database with security.sql applied; a DSN logging in as the default
+    tenant's own runtime role (the application group holds the grants; decision 35)."""
+    return await tenant_roles.dsn("default")
 
 
 @pytest_asyncio.fixture

@@ -17,11 +17,11 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import claim, log_snapshot
+from tests.integration.tenant_roles import TenantRoles
 from wal_engine import events as ev
 from wal_engine.anchor import create_anchor, verify_anchor
 from wal_engine.chain import event_hash_v2
 from wal_engine.engine import Engine, connect
-from wal_engine.security import APP_ROLE, apply_security, dsn_for_role
 from wal_engine.store import Database, Store
 
 FORGE: str = """
@@ -38,14 +38,10 @@ SELECT seq, hash, epoch FROM wal_events
 
 
 @pytest_asyncio.fixture
-async def app_dsn(database_dsn: str) -> str:
-    """The test database with security.sql applied; a DSN logging in as the app role."""
-    admin = await asyncpg.connect(database_dsn)
-    try:
-        await apply_security(admin)
-    finally:
-        await admin.close()
-    return dsn_for_role(database_dsn, APP_ROLE)
+async def app_dsn(tenant_roles: TenantRoles) -> str:
+    """The test database with security.sql applied; a DSN logging in as the default
+    tenant's own runtime role (the application group holds the grants; decision 35)."""
+    return await tenant_roles.dsn("default")
 
 
 @pytest_asyncio.fixture
