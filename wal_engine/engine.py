@@ -24,8 +24,10 @@ from wal_engine.payloads import encode_payload
 from wal_engine.redaction import (
     Redactor,
     SecretResolver,
+    check_size,
     default_redactor,
     no_redaction,
+    redact_bounded,
     redact_text,
 )
 from wal_engine.resume import SnapshotPolicy
@@ -202,7 +204,8 @@ class Engine:
         validate_task_id(task_id)
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
-        encoded = encode_payload(self.redactor(payload))
+        encoded = encode_payload(redact_bounded(self.redactor, payload,
+                                                self.store.payload_bytes_max))
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
@@ -268,6 +271,7 @@ class Engine:
         Returns False if the task had already finished.
         """
         validate_task_id(task_id)
+        check_size(reason, self.store.payload_bytes_max)
         reason = redact_text(self.redactor, reason)
         row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])

@@ -45,7 +45,7 @@ import msgspec
 
 from wal_engine import events as ev
 from wal_engine.encryption import is_sealed
-from wal_engine.errors import WalError
+from wal_engine.errors import PayloadTooLarge, WalError
 
 Redactor = Callable[[Any], Any]
 """A deterministic function from a plain JSON value to the plain JSON value to store."""
@@ -112,59 +112,76 @@ class CredentialPattern(msgspec.Struct, frozen=True):
 _AWS_PREFIXES: Final = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA",
                         "APKA", "AROA")
 
+# Every format runs in time linear in the text, whatever the text (RELIABILITY.md B10):
+# tool results and signal payloads are attacker-controlled, and a regex that backtracks
+# over the rest of the text at each of its starts stalls the worker's event loop (a
+# 128 KiB run of "eyJ-" once took 20 s). Three rules keep each format linear:
+# * a quantifier over a run of characters is possessive (``++``, ``{n,}+``), so a run is
+#   never re-scanned shorter when what follows it fails;
+# * a format whose first characters belong to the class of its body starts only where a
+#   run of that class starts (a lookbehind, not ``\b``), so each run is scanned from one
+#   start, not from each of its positions;
+# * what stays non-possessive (the words before "PRIVATE KEY", a URL's scheme) is bounded.
 DEFAULT_PATTERNS: Final = (
     CredentialPattern(
         "private_key",
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-        r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----",
+        # The body runs to the END line, or, when the END line is missing (a key cut off),
+        # to the first character no key body holds.
+        r"-----BEGIN (?:[A-Z0-9]{1,20} ){0,4}PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:[A-Za-z0-9+/=\s:,\\]|-(?!----)){0,16384}+"
+        r"(?:-----END (?:[A-Z0-9]{1,20} ){0,4}PRIVATE KEY(?: BLOCK)?-----)?",
         "[REDACTED:private_key]", ("-----BEGIN",), exact=True, requires=("-",)),
     CredentialPattern(
         "aws_access_key_id",
         r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA)[A-Z0-9]{16}\b",
         "[REDACTED:aws_access_key_id]", _AWS_PREFIXES, exact=True, requires=("A",)),
     CredentialPattern("github_token",
-                      r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
+                      r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}+|github_pat_[A-Za-z0-9_]{22,255}+)\b",
                       "[REDACTED:github_token]",
                       ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), exact=True,
                       requires=("_",)),
-    CredentialPattern("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}", "[REDACTED:gitlab_token]",
+    CredentialPattern("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}+", "[REDACTED:gitlab_token]",
                       ("glpat-",), exact=True, requires=("-",)),
-    CredentialPattern("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    CredentialPattern("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}+",
                       "[REDACTED:slack_token]", ("xox",), exact=True, requires=("-",)),
-    CredentialPattern("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+",
+    CredentialPattern("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]++",
                       "[REDACTED:slack_webhook]", ("hooks.slack.com",), exact=True,
                       requires=(":",)),
-    CredentialPattern("stripe_key", r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
+    CredentialPattern("stripe_key", r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}+",
                       "[REDACTED:stripe_key]", ("k_live_", "k_test_"), exact=True,
                       requires=("_",)),
-    CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", "[REDACTED:api_key]", ("sk-",),
+    CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}+", "[REDACTED:api_key]", ("sk-",),
                       exact=True, requires=("-",)),
     CredentialPattern("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}",
                       "[REDACTED:google_api_key]", ("AIza",), exact=True,
                       requires=("A",)),
-    CredentialPattern("package_token", r"\b(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,})",
+    CredentialPattern("package_token", r"\b(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}+)",
                       "[REDACTED:package_token]", ("npm_", "pypi-"), exact=True,
                       requires=("_-",)),
     CredentialPattern("jwt",
-                      r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
+                      r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}+\.eyJ[A-Za-z0-9_-]{5,}+"
+                      r"\.[A-Za-z0-9_-]{5,}+",
                       "[REDACTED:jwt]", ("eyJ",), exact=True, requires=("J", ".")),
     # "Bearer <token>" and "Authorization: Basic <base64>": the scheme is kept. A bearer
     # token must hold a digit, so that prose ("the bearer of bad news") is left alone.
     CredentialPattern("bearer",
-                      r"(?i:\b(bearer)\s+)(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{8,}=*",
+                      r"(?i:\b(bearer)\s++)(?=[A-Za-z._~+/-]*+[0-9])[A-Za-z0-9._~+/-]{8,}+=*+",
                       r"\1 [REDACTED]", ("bearer",), requires=("0123456789",)),
     CredentialPattern("basic_auth",
-                      r"(?i:(authorization\s*[:=]\s*basic)\s+)[A-Za-z0-9+/]{6,}=*",
+                      r"(?i:(authorization\s*+[:=]\s*+basic)\s++)[A-Za-z0-9+/]{6,}+=*+",
                       r"\1 [REDACTED]", ("basic",), requires=(":=",)),
     # scheme://user:password@host: the password only.
-    CredentialPattern("url_password", r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+):[^\s@/]+@",
+    CredentialPattern("url_password",
+                      r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]{0,31}+://[^\s:/@]++)"
+                      r":[^\s@/]++@",
                       r"\1:[REDACTED]@", ("://",), exact=True,
                       requires=(":", "@")),
     # password=..., api_key: ... in free text (the name and separator are kept).
     CredentialPattern(
         "assignment",
         r"(?i:\b(password|passwd|pwd|secret|client[_-]?secret|api[_-]?key|access[_-]?key|"
-        r"access[_-]?token|auth[_-]?token|token)(\s*[=:]\s*))(?!\[REDACTED)([^\s&'\",;]{3,})",
+        r"access[_-]?token|auth[_-]?token|token)(\s*+[=:]\s*+))(?!\[REDACTED)"
+        r"([^\s&'\",;]{3,}+)",
         r"\1\2[REDACTED]", ("pass", "pwd", "secret", "key", "token"), requires=(":=",)),
 )
 """The credential formats :class:`DefaultRedactor` looks for in every string."""
@@ -428,10 +445,57 @@ _USER_FIELDS: Final[dict[type[ev.Event], tuple[str, ...]]] = {
 """The fields of each event type that hold values from outside the engine."""
 
 
-def redact_event(event: ev.Event, redactor: Redactor) -> ev.Event:
-    """The event with its user-supplied fields redacted (the same object if none changed)."""
+def check_size(value: Any, bytes_max: int | None, counted: int = 0) -> int:
+    """Raise :class:`~wal_engine.errors.PayloadTooLarge` if ``value`` cannot fit in
+    ``bytes_max`` encoded bytes; return the bytes counted (plus ``counted``).
+
+    The count is a lower bound of the encoded size (every character of a string or key
+    takes at least one byte, every other leaf at least one), taken in one walk without a
+    regex or an encoding: it runs before redaction, so that an oversized value is refused
+    before any pattern has looked at it. None: no bound.
+    """
+    if bytes_max is None:
+        return counted
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bytes:
+            counted += len(item)
+        elif kind is dict:
+            counted += sum(len(key) if type(key) is str else 1 for key in item)
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            counted += 1
+            stack.extend(item)
+        else:
+            counted += 1
+        if counted > bytes_max:
+            raise PayloadTooLarge(counted, bytes_max)
+    return counted
+
+
+def redact_bounded(redactor: Redactor, value: Any, bytes_max: int | None) -> Any:
+    """``redactor(value)``, refused with PayloadTooLarge first if ``value`` is too large."""
+    check_size(value, bytes_max)
+    return redactor(value)
+
+
+def redact_event(event: ev.Event, redactor: Redactor, *,
+                 bytes_max: int | None = None) -> ev.Event:
+    """The event with its user-supplied fields redacted (the same object if none changed).
+
+    With ``bytes_max`` (the engine's payload limit), an event whose user fields cannot fit
+    in it is refused (:class:`~wal_engine.errors.PayloadTooLarge`) before any redaction.
+    """
     if redactor is no_redaction:
         return event
+    if bytes_max is not None:
+        counted = 0
+        for name in _USER_FIELDS.get(type(event), ()):
+            counted = check_size(getattr(event, name), bytes_max, counted)
+        if isinstance(event, ev.PlanUpdated):
+            check_size([node.action for node in event.nodes], bytes_max)
     if isinstance(event, ev.PlanUpdated):
         nodes = [msgspec.structs.replace(node, action=redactor(node.action))
                  for node in event.nodes]
