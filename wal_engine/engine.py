@@ -206,6 +206,8 @@ class Engine:
             raise InvalidInput(f"signal name must be 1..{limits.name_length_max} characters")
         encoded = encode_payload(redact_bounded(self.redactor, payload,
                                                 self.store.payload_bytes_max))
+        name = redact_text(self.redactor, name)
+        dedup_key = None if dedup_key is None else redact_text(self.redactor, dedup_key)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
@@ -273,6 +275,8 @@ class Engine:
         validate_task_id(task_id)
         check_size(reason, self.store.payload_bytes_max)
         reason = redact_text(self.redactor, reason)
+        if requested_by is not None:
+            requested_by = redact_text(self.redactor, requested_by[:self.store.payload_bytes_max])
         row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])
 
