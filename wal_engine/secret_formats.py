@@ -74,11 +74,11 @@ def prefixed(kind: str, prefixes: tuple[str, ...], body: str, minimum: int) -> C
                              requires=(group,))
 
 
-_RARITY: Final = ("_$~%0123456789+/:@=QZXJKVqzxjYWFGBUPHMCDLNRSTIOEA-"
+_RARITY: Final = ("_$~%0123456789+/:@=-QZXJKVqzxjYWFGBUPHMCDLNRSTIOEA"
                   "kvbpygfwmucldrhsnioate. ")
-"""Characters from rarest to most common in prose: symbols and digits, rare letters,
-capitals, then the lower-case letters by English letter frequency, the full stop and the
-space last."""
+"""Characters from rarest to most common in prose: symbols (the hyphen among them) and
+digits, rare letters, capitals, then the lower-case letters by English letter frequency,
+the full stop and the space last."""
 
 
 AWS_PREFIXES: Final = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA",
