@@ -593,7 +593,7 @@ async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
         # Appended outside TaskRun.append, so redacted here (the gateway already did: kept
         # as a second line, it changes nothing then).
         event = redact_event(ev.ToolCallCompleted(call_id=call_id, result=result),
-                             run.redactor)
+                             run.redactor, bytes_max=run.engine.store.payload_bytes_max)
         encoded = [ev.encode_event(event, payload_bytes_max=run.engine.store.payload_bytes_max)]
         pending["append"] = await run.engine.store.append_events(
             run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,

@@ -207,8 +207,9 @@ class AgentContext:
         Raises:
             ToolError: the call failed for good.
         """
-        # The log records the redacted arguments, and replay matches on their hash; the
-        # function gets the arguments as given, with secret references resolved.
+        # The log records the redacted arguments (and name), and replay matches on their
+        # hash; the function gets the arguments as given, with secret references resolved.
+        name = self._run.redact_text(name)
         stored_args = self._run.redact(args)
         hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
@@ -236,6 +237,7 @@ class AgentContext:
         :class:`LlmResponse` (or a dict with its fields, or a bare response).
         """
         hashed = args_hash(self._run.redact(request))
+        model = self._run.redact_text(model)
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
@@ -283,6 +285,8 @@ class AgentContext:
         payload. A signal sent before the wait is delivered. Raises SignalTimeout."""
         if name.startswith(INTERNAL_PREFIX):
             raise WalError(f"signal names starting with {INTERNAL_PREFIX!r} are reserved")
+        # As the sender stores it (engine.signal redacts names too), so that they meet.
+        name = self._run.redact_text(name)
         outcome = await self._next(CallKind.SIGNAL, name, "")
         if isinstance(outcome, Recorded):
             if outcome.error is not None:
@@ -352,6 +356,7 @@ class AgentContext:
         """Add a message to the task's conversation history (once, even across re-runs)."""
         index = self._ordinal("message_appended") - 1
         content = self._run.redact(content)  # As recorded, so that a re-run compares equal.
+        name = None if name is None else self._run.redact_text(name)
         recorded = self._run.view.messages
         if index < len(recorded):
             prior = recorded[index]

@@ -26,6 +26,7 @@ from wal_engine.redaction import (
     SecretResolver,
     default_redactor,
     no_redaction,
+    redact_bounded,
     redact_text,
 )
 from wal_engine.resume import SnapshotPolicy
@@ -205,8 +206,11 @@ class Engine:
         if dedup_key is not None:
             validate_text(dedup_key, "a dedup key", bytes_max=limits.dedup_key_bytes_max,
                           empty_ok=False)
-        encoded = encode_payload(self.redactor(payload),
+        encoded = encode_payload(redact_bounded(self.redactor, payload,
+                                                limits.signal_payload_bytes_max),
                                  payload_bytes_max=limits.signal_payload_bytes_max)
+        name = redact_text(self.redactor, name)
+        dedup_key = None if dedup_key is None else redact_text(self.redactor, dedup_key)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
 
@@ -277,6 +281,8 @@ class Engine:
             validate_text(requested_by, "a cancellation requester",
                           bytes_max=limits.cancel_text_bytes_max)
         reason = redact_text(self.redactor, reason)
+        if requested_by is not None:
+            requested_by = redact_text(self.redactor, requested_by)
         row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
         return bool(row["cancelled"])
 

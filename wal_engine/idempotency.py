@@ -44,9 +44,9 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 import asyncpg
 import msgspec
 
-from wal_engine import metrics, payloads
+from wal_engine import limits, metrics, payloads
 from wal_engine.errors import ConfigurationError, DatabaseUnavailable, InvalidInput, WalError
-from wal_engine.redaction import Redactor, no_redaction, redact_text
+from wal_engine.redaction import Redactor, no_redaction, redact_bounded, redact_text
 from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
 
 T = TypeVar("T")
@@ -338,7 +338,8 @@ class IdempotencyGateway:
         except BaseException:
             await self.store.release_key(claim)
             raise
-        result = self.redactor(result)
+        # Bounded before any regex runs on it (the effect's result is outside text).
+        result = redact_bounded(self.redactor, result, limits.payload_bytes_ceiling)
         encoded = payloads.encode_payload(result)
         if not await self.store.complete_key(claim, "completed", encoded, None):
             record = await self.store.read_key(claim.key)
@@ -426,7 +427,8 @@ class IdempotencyGateway:
                 return payloads.decode_payload(existing["result"])
             await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,
                                      claim.owner, claim.epoch)
-            result = self.redactor(await effect(connection))
+            result = redact_bounded(self.redactor, await effect(connection),
+                                    limits.payload_bytes_ceiling)
             await connection.execute(
                 COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed",
                 payloads.encode_payload(result), None,

@@ -44,8 +44,13 @@ from typing import Any, Final, NamedTuple
 import msgspec
 
 from wal_engine import events as ev
-from wal_engine.encryption import is_sealed
-from wal_engine.errors import WalError
+from wal_engine.encryption import ENVELOPE_VERSION, SEALED_KEY
+from wal_engine.errors import PayloadTooLarge, WalError
+from wal_engine.secret_formats import DEFAULT_PATTERNS, CredentialPattern
+from wal_engine.secret_keys import SECRET_KEY_NAMES as SECRET_KEY_NAMES
+from wal_engine.secret_keys import SECRET_KEY_SUFFIXES as SECRET_KEY_SUFFIXES
+from wal_engine.secret_keys import KeyRules
+from wal_engine.secret_keys import normalise_key as normalise_key
 
 Redactor = Callable[[Any], Any]
 """A deterministic function from a plain JSON value to the plain JSON value to store."""
@@ -62,117 +67,6 @@ gated_cache_max: Final = 4096
 known_secret_length_min: Final = 4
 """Resolved secret values shorter than this are not scrubbed from results (too many false
 matches); such a value is not a secret worth the name."""
-
-# Key names, compared after normalisation (camelCase split, lower case, every run of
-# non-alphanumerics turned into "_"). A key is secret if it equals a name below, or ends with
-# "_" + one of the suffixes (so "db_password" and "x_api_key" are secret and "max_tokens",
-# "next_page_token" or "idempotency_key" are not).
-SECRET_KEY_NAMES: Final = frozenset({
-    "auth", "authorization", "bearer", "cookie", "cookies", "credential", "credentials",
-    "jwt", "passphrase", "passwd", "password", "pwd", "secret", "token", "api_key", "apikey",
-    "private_key", "secret_key", "access_key", "client_secret", "session_token",
-    "access_token", "refresh_token", "id_token", "auth_token",
-})
-SECRET_KEY_SUFFIXES: Final = (
-    "access_key", "access_token", "api_key", "apikey", "api_token", "auth_token",
-    "authorization", "bearer_token", "client_secret", "cookie", "credential", "credentials",
-    "csrf_token", "encryption_key", "id_token", "master_key", "oauth_token", "passphrase",
-    "passwd", "password", "private_key", "refresh_token", "secret", "secret_key",
-    "session_key", "session_token", "signing_key", "xsrf_token",
-)
-
-_camel: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_separators: Final = re.compile(r"[^a-z0-9]+")
-
-
-class CredentialPattern(msgspec.Struct, frozen=True):
-    """A credential format: a regex, what a match is replaced with (``\\1`` allowed), and
-    the quick tests that decide whether the regex runs at all (a string that fails them
-    is not searched; plain substring tests cost far less than the regex):
-
-    * ``requires``: groups of characters; any match holds at least one character of each
-      group (``("-",)`` for ``sk-...``; ``(":=",)`` for ``password=...``). Each is one
-      ``memchr`` over the text, so these go first, and most prose fails one of them.
-    * ``triggers``: substrings one of which any match contains. They are lower case and
-      tested against the lower-cased text, unless ``exact``: then they are tested, as given,
-      against the text itself (for case-sensitive formats; fewer, rarer candidates: the AWS
-      prefixes are one scan instead of eleven).
-
-    Both must be true of every match, or a credential would pass unredacted: a test checks
-    the default formats against a redactor that ignores them."""
-
-    kind: str
-    regex: str
-    replacement: str
-    triggers: tuple[str, ...] = ()
-    exact: bool = False
-    requires: tuple[str, ...] = ()
-
-
-_AWS_PREFIXES: Final = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA",
-                        "APKA", "AROA")
-
-DEFAULT_PATTERNS: Final = (
-    CredentialPattern(
-        "private_key",
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-        r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----",
-        "[REDACTED:private_key]", ("-----BEGIN",), exact=True, requires=("-",)),
-    CredentialPattern(
-        "aws_access_key_id",
-        r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA)[A-Z0-9]{16}\b",
-        "[REDACTED:aws_access_key_id]", _AWS_PREFIXES, exact=True, requires=("A",)),
-    CredentialPattern("github_token",
-                      r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
-                      "[REDACTED:github_token]",
-                      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), exact=True,
-                      requires=("_",)),
-    CredentialPattern("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}", "[REDACTED:gitlab_token]",
-                      ("glpat-",), exact=True, requires=("-",)),
-    CredentialPattern("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
-                      "[REDACTED:slack_token]", ("xox",), exact=True, requires=("-",)),
-    CredentialPattern("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+",
-                      "[REDACTED:slack_webhook]", ("hooks.slack.com",), exact=True,
-                      requires=(":",)),
-    CredentialPattern("stripe_key", r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
-                      "[REDACTED:stripe_key]", ("k_live_", "k_test_"), exact=True,
-                      requires=("_",)),
-    CredentialPattern("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", "[REDACTED:api_key]", ("sk-",),
-                      exact=True, requires=("-",)),
-    CredentialPattern("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}",
-                      "[REDACTED:google_api_key]", ("AIza",), exact=True,
-                      requires=("A",)),
-    CredentialPattern("package_token", r"\b(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,})",
-                      "[REDACTED:package_token]", ("npm_", "pypi-"), exact=True,
-                      requires=("_-",)),
-    CredentialPattern("jwt",
-                      r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
-                      "[REDACTED:jwt]", ("eyJ",), exact=True, requires=("J", ".")),
-    # "Bearer <token>" and "Authorization: Basic <base64>": the scheme is kept. A bearer
-    # token must hold a digit, so that prose ("the bearer of bad news") is left alone.
-    CredentialPattern("bearer",
-                      r"(?i:\b(bearer)\s+)(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{8,}=*",
-                      r"\1 [REDACTED]", ("bearer",), requires=("0123456789",)),
-    CredentialPattern("basic_auth",
-                      r"(?i:(authorization\s*[:=]\s*basic)\s+)[A-Za-z0-9+/]{6,}=*",
-                      r"\1 [REDACTED]", ("basic",), requires=(":=",)),
-    # scheme://user:password@host: the password only.
-    CredentialPattern("url_password", r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+):[^\s@/]+@",
-                      r"\1:[REDACTED]@", ("://",), exact=True,
-                      requires=(":", "@")),
-    # password=..., api_key: ... in free text (the name and separator are kept).
-    CredentialPattern(
-        "assignment",
-        r"(?i:\b(password|passwd|pwd|secret|client[_-]?secret|api[_-]?key|access[_-]?key|"
-        r"access[_-]?token|auth[_-]?token|token)(\s*[=:]\s*))(?!\[REDACTED)([^\s&'\",;]{3,})",
-        r"\1\2[REDACTED]", ("pass", "pwd", "secret", "key", "token"), requires=(":=",)),
-)
-"""The credential formats :class:`DefaultRedactor` looks for in every string."""
-
-
-def normalise_key(key: str) -> str:
-    """A key as the key-name rules see it: ``"X-Api-Key"`` and ``"xApiKey"`` -> ``"x_api_key"``."""
-    return _separators.sub("_", _camel.sub("_", key).lower()).strip("_")
 
 
 def is_secret_ref(value: Any) -> bool:
@@ -212,17 +106,15 @@ class DefaultRedactor:
             extra_patterns: More credential formats, after the default ones.
             patterns: Replace the default formats altogether.
         """
-        self.keep_keys = frozenset(normalise_key(k) for k in keep_keys)
-        self.names = (frozenset(normalise_key(k) for k in extra_keys) | SECRET_KEY_NAMES
-                      | frozenset(SECRET_KEY_SUFFIXES))
-        self.suffixes = tuple(f"_{s}" for s in SECRET_KEY_SUFFIXES) + tuple(
-            f"_{normalise_key(k)}" for k in extra_keys)
+        self.keys = KeyRules(extra_keys, keep_keys)
         chosen = (*(DEFAULT_PATTERNS if patterns is None else patterns), *extra_patterns)
         # Every character some format requires gets a bit; a format's groups become masks,
         # so that its gate is a few integer ANDs once the text's characters are known.
-        gate_chars = sorted({c for p in chosen for group in p.requires for c in group})
+        gate_chars = sorted({c for p in chosen for group in p.requires for c in group}
+                            | set(_ASSIGNMENT_GATE))
         bits = {c: 1 << index for index, c in enumerate(gate_chars)}
         self._gate_bits = tuple(bits.items())
+        self._assignment_mask = sum(bits[c] for c in _ASSIGNMENT_GATE)
         self._gated: dict[int, tuple[_Format, ...]] = {}
         """The formats whose gates pass, by the set of gate characters a text holds."""
         self.patterns = tuple(
@@ -230,7 +122,7 @@ class DefaultRedactor:
                     tuple(sum(bits[c] for c in set(group)) for group in p.requires),
                     _trigger_check(p), p.exact)
             for p in chosen)
-        self._key_cache: dict[str, bool] = {}
+        self._key_texts: dict[str, str] = {}
 
     def __call__(self, value: Any) -> Any:
         """The value with secrets replaced; ``value`` itself is never changed, and is
@@ -239,14 +131,7 @@ class DefaultRedactor:
 
     def is_secret_key(self, key: str) -> bool:
         """Whether the value under ``key`` is redacted whole."""
-        known = self._key_cache.get(key)
-        if known is None:
-            name = normalise_key(key)
-            known = name not in self.keep_keys and (
-                name in self.names or name.endswith(self.suffixes))
-            if len(self._key_cache) < 10_000:
-                self._key_cache[key] = known
-        return known
+        return self.keys.is_secret(key)
 
     def redact_text(self, text: str) -> str:
         """``text`` with every credential-looking substring replaced."""
@@ -277,7 +162,23 @@ class DefaultRedactor:
                     if not check(lowered):
                         continue
             redacted = regex.sub(replacement, redacted)
+        if present & self._assignment_mask:
+            if lowered is None:
+                lowered = text.lower()
+            if self.keys.may_assign(lowered):
+                redacted = self.keys.redact_assignments(redacted)
         return redacted
+
+    def redact_key(self, key: str) -> str:
+        """A dict key as stored: a credential used as a key is replaced like any text."""
+        if len(key) < 8:
+            return key
+        known = self._key_texts.get(key)
+        if known is None:
+            known = self.redact_text(key)
+            if len(self._key_texts) < 10_000:
+                self._key_texts[key] = known
+        return known
 
     def secrets_in(self, value: Any) -> list[str]:
         """The strings this redactor would remove from ``value`` by key name.
@@ -310,30 +211,85 @@ class DefaultRedactor:
         if kind is dict:
             if depth >= redaction_depth_max:
                 return REDACTED
-            if is_secret_ref(value) or is_sealed(value):
+            if is_secret_ref(value) or is_envelope(value):
                 return value  # A reference names a secret; an envelope is ciphertext.
-            # Unchanged values come back as the same object: callers test identity, not
-            # equality (a deep comparison costs as much as the walk). A copy is made at the
-            # first change only.
-            redacted: dict[Any, Any] | None = None
-            for key, item in value.items():
-                if item is not None and type(key) is str and self.is_secret_key(key):
+            return self._walk_dict(value, depth)
+        if kind is list or kind is tuple:
+            if depth >= redaction_depth_max:
+                return REDACTED
+            if (len(value) == 2 and type(value[0]) is str and value[1] is not None
+                    and self.keys.is_secret(value[0])):
+                return [value[0], REDACTED]  # A header list: [["X-Api-Key", "..."], ...]
+            items = [self._walk(item, depth + 1) for item in value]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        return value
+
+    def _walk_dict(self, value: dict[Any, Any], depth: int) -> dict[Any, Any]:
+        # Unchanged values come back as the same object: callers test identity, not
+        # equality (a deep comparison costs as much as the walk). A copy is made at the
+        # first change only.
+        redacted: dict[Any, Any] | None = None
+        named = _named_value(value, self.keys)
+        for key, item in value.items():
+            if type(key) is not str:
+                after, new_key = self._walk(item, depth + 1), key
+            else:
+                new_key = self.redact_key(key)
+                if item is not None and (self.keys.is_secret(key) or (named and key == "value")):
                     after = REDACTED
                 elif type(item) is str:
                     after = self.redact_text(item)
                 else:
                     after = self._walk(item, depth + 1)
-                if after is not item:
-                    if redacted is None:
-                        redacted = dict(value)
-                    redacted[key] = after
-            return value if redacted is None else redacted
-        if kind is list or kind is tuple:
-            if depth >= redaction_depth_max:
-                return REDACTED
-            items = [self._walk(item, depth + 1) for item in value]
-            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-        return value
+            if after is not item or new_key is not key:
+                if redacted is None:
+                    redacted = dict(value)
+                if new_key is not key:
+                    redacted.pop(key, None)
+                    # Two keys that redact alike would collide: mark the later ones.
+                    while new_key in redacted:
+                        new_key += "'"
+                redacted[new_key] = after
+        return value if redacted is None else redacted
+
+
+_ASSIGNMENT_GATE: Final = ":=%"
+"""A secret assignment in text holds one of these (``password=...``, ``token: ...``,
+``token%3D...``)."""
+
+_NAME_FIELDS: Final = ("name", "key", "header", "field")
+
+
+def _named_value(value: dict[Any, Any], keys: KeyRules) -> bool:
+    """Whether ``value`` is a name/value pair naming a secret (``{"name": "Authorization",
+    "value": "..."}``, as in HAR files and many HTTP clients' header lists)."""
+    if "value" not in value:
+        return False
+    return any(type(value.get(field)) is str and keys.is_secret(value[field])
+               for field in _NAME_FIELDS)
+
+
+_ENVELOPE_KEYS: Final = frozenset({SEALED_KEY, "tenant", "key_version", "ct"})
+_base64: Final = re.compile(r"(?:[A-Za-z0-9+/]{4})*+(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+envelope_ciphertext_bytes_min: Final = 17
+"""The shortest ciphertext of an envelope: the AEAD's 16-byte tag and a byte of JSON."""
+
+
+def is_envelope(value: Any) -> bool:
+    """Whether ``value`` has exactly the shape of a sealed envelope
+    (:meth:`wal_engine.encryption.PayloadCipher.seal`): its four keys and no other, a
+    tenant, an integer key version, and base64 ciphertext of a possible length.
+
+    Redaction skips envelopes (ciphertext holds nothing to find), so it must not skip a
+    look-alike: a value with an extra key, a ``ct`` that is not base64, or a plain text
+    dressed up as one is redacted like any other."""
+    if type(value) is not dict or value.keys() != _ENVELOPE_KEYS:
+        return False
+    ct, tenant, version = value["ct"], value["tenant"], value["key_version"]
+    return (value[SEALED_KEY] == ENVELOPE_VERSION and value[SEALED_KEY] is not True
+            and type(ct) is str and type(tenant) is str and bool(tenant)
+            and type(version) is int and len(ct) * 3 // 4 >= envelope_ciphertext_bytes_min
+            and _base64.fullmatch(ct) is not None)
 
 
 TriggerCheck = Callable[[str], bool]
@@ -357,15 +313,28 @@ def _trigger_check(pattern: CredentialPattern) -> TriggerCheck | None:
     if not pattern.triggers:
         return None
     triggers = pattern.triggers
-    if pattern.exact and len(triggers) > 1 and len({t[0] for t in triggers}) == 1:
-        # Triggers sharing their first character (the eleven AWS prefixes, the GitHub
-        # ones): one scan, in which the regex engine skips to that character.
-        candidates = re.compile("|".join(re.escape(t) for t in triggers))
-        return lambda text: candidates.search(text) is not None
     if len(triggers) == 1:
         trigger = triggers[0]
         return lambda text: trigger in text
-    return lambda text: any(trigger in text for trigger in triggers)
+    # Triggers with a common start ("xoxb-", "xoxp-", ...; "hvs.", "hvb.") are tested for
+    # that start first: one memchr-speed scan that ordinary text fails.
+    # The character-wise common prefix is meant here (these are not paths).
+    common = os.path.commonprefix(list(triggers))  # noqa: RUF071
+    if pattern.exact and len(common) == 1:
+        # Triggers sharing only their first character (the AWS prefixes): one scan, in
+        # which the regex engine skips to that character.
+        candidates = re.compile("|".join(re.escape(t) for t in triggers))
+        return lambda text: candidates.search(text) is not None
+
+    def check(text: str) -> bool:
+        if common and common not in text:
+            return False
+        for trigger in triggers:
+            if trigger in text:
+                return True
+        return False
+
+    return check
 
 
 def _strings(value: Any, depth: int, found: list[str]) -> None:
@@ -412,7 +381,7 @@ _USER_FIELDS: Final[dict[type[ev.Event], tuple[str, ...]]] = {
     ev.StepCheckpointed: ("next_action",),
     ev.TaskCompleted: ("output",),
     ev.TaskFailed: ("error", "diagnostic"),
-    ev.TaskCancelled: ("reason",),
+    ev.TaskCancelled: ("reason", "requested_by"),
     ev.ToolCallIntended: ("args",),
     ev.ToolCallCompleted: ("result",),
     ev.ToolCallFailed: ("error",),
@@ -421,17 +390,66 @@ _USER_FIELDS: Final[dict[type[ev.Event], tuple[str, ...]]] = {
     ev.LlmCallFailed: ("error",),
     ev.MessageAppended: ("content",),
     ev.SignalReceived: ("payload",),
-    ev.ApprovalDecided: ("comment",),
+    ev.ApprovalDecided: ("approver", "comment"),
     ev.ValueRecorded: ("value",),
     ev.EnvironmentSet: ("values",),
 }
-"""The fields of each event type that hold values from outside the engine."""
+"""The fields of each event type that hold values from outside the engine. Names that
+agent code matches on replay (tool, signal and message names) are not here: redacting them
+on one side only would make a replay diverge (see docs/security.md)."""
 
 
-def redact_event(event: ev.Event, redactor: Redactor) -> ev.Event:
-    """The event with its user-supplied fields redacted (the same object if none changed)."""
+def check_size(value: Any, bytes_max: int | None, counted: int = 0) -> int:
+    """Raise :class:`~wal_engine.errors.PayloadTooLarge` if ``value`` cannot fit in
+    ``bytes_max`` encoded bytes; return the bytes counted (plus ``counted``).
+
+    The count is a lower bound of the encoded size (every character of a string or key
+    takes at least one byte, every other leaf at least one), taken in one walk without a
+    regex or an encoding: it runs before redaction, so that an oversized value is refused
+    before any pattern has looked at it. None: no bound.
+    """
+    if bytes_max is None:
+        return counted
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bytes:
+            counted += len(item)
+        elif kind is dict:
+            counted += sum(len(key) if type(key) is str else 1 for key in item)
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            counted += 1
+            stack.extend(item)
+        else:
+            counted += 1
+        if counted > bytes_max:
+            raise PayloadTooLarge(counted, bytes_max)
+    return counted
+
+
+def redact_bounded(redactor: Redactor, value: Any, bytes_max: int | None) -> Any:
+    """``redactor(value)``, refused with PayloadTooLarge first if ``value`` is too large."""
+    check_size(value, bytes_max)
+    return redactor(value)
+
+
+def redact_event(event: ev.Event, redactor: Redactor, *,
+                 bytes_max: int | None = None) -> ev.Event:
+    """The event with its user-supplied fields redacted (the same object if none changed).
+
+    With ``bytes_max`` (the engine's payload limit), an event whose user fields cannot fit
+    in it is refused (:class:`~wal_engine.errors.PayloadTooLarge`) before any redaction.
+    """
     if redactor is no_redaction:
         return event
+    if bytes_max is not None:
+        counted = 0
+        for name in _USER_FIELDS.get(type(event), ()):
+            counted = check_size(getattr(event, name), bytes_max, counted)
+        if isinstance(event, ev.PlanUpdated):
+            check_size([node.action for node in event.nodes], bytes_max)
     if isinstance(event, ev.PlanUpdated):
         nodes = [msgspec.structs.replace(node, action=redactor(node.action))
                  for node in event.nodes]

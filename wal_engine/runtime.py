@@ -30,7 +30,7 @@ from replay.journal import Journal
 from replay.snapshot import SnapshotSegments
 from replay.state import AgentState
 from wal_engine import events as ev
-from wal_engine import metrics
+from wal_engine import limits, metrics
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -44,7 +44,13 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.hooks import HookEvent, call_hook
-from wal_engine.redaction import Redactor, default_redactor, redact_event, redact_text
+from wal_engine.redaction import (
+    Redactor,
+    default_redactor,
+    redact_bounded,
+    redact_event,
+    redact_text,
+)
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import PendingAppend, queries
 from wal_engine.store.connection import CONNECTION_ERRORS
@@ -383,12 +389,20 @@ class TaskRun:
         return self.worker.config.lease_ttl_ms
 
     def redact(self, value: Any) -> Any:
-        """``value`` as the log will record it (the engine's redactor)."""
-        return self.redactor(value)
+        """``value`` as the log will record it (the engine's redactor); PayloadTooLarge,
+        before any regex runs, if it cannot fit in an event."""
+        return redact_bounded(self.redactor, value, self._payload_bytes_max())
 
     def redact_text(self, text: str) -> str:
         """Free text (an error message) as the log and the logs may show it."""
-        return redact_text(self.redactor, text)
+        # Cut to what an event can hold first: patterns never look at text that cannot be
+        # stored anyway.
+        return redact_text(self.redactor, text[:self._payload_bytes_max()])
+
+    def _payload_bytes_max(self) -> int:
+        # The replay checker's stand-in engine has no store: the default cap then.
+        store = vars(self.engine).get("store")
+        return limits.payload_bytes_max if store is None else int(store.payload_bytes_max)
 
     async def append(self, events: Sequence[ev.Event], *, redacted: bool = False) -> None:
         """Write ahead: redact, validate, fold, then append in one fenced commit
@@ -403,7 +417,8 @@ class TaskRun:
         self.check_live()
         events = list(self._with_step_started(events))
         if not redacted:
-            events = [redact_event(e, self.redactor) for e in events]
+            events = [redact_event(e, self.redactor, bytes_max=self._payload_bytes_max())
+                      for e in events]
         check_history_bound(self.task_id, self.head_seq, events,
                             self.engine.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.engine.store.payload_bytes_max)

@@ -28,7 +28,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.ids import validate_task_id
-from wal_engine.redaction import Redactor, no_redaction
+from wal_engine.redaction import Redactor, no_redaction, redact_bounded
 from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
@@ -177,7 +177,7 @@ class Store:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
         submitted = vocabulary.TaskSubmitted(
             agent=agent,
-            input=self.redactor(input),
+            input=redact_bounded(self.redactor, input, self.payload_bytes_max),
             budget=validate_budget(budget or vocabulary.Budget()),
             parent_task_id=parent_task_id,
             parent_seq=parent_seq,
