@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
-from wal_engine.hooks import AgentHooks, HookEvent
+from wal_engine.hooks import AgentHooks, HookEvent, HookFunction
 from wal_engine.retries import RetryPolicy
 from wal_engine.testing.ledger import EffectLedger
 
@@ -117,16 +117,20 @@ def register_v1(engine: Engine) -> None:
         return {"prepared": prepared, "approval": approval, "charged": charged}
 
 
-def register_v2(engine: Engine) -> None:
-    """Version 2 of ``deployed``: three changes behind ``ctx.patched``, compatible with 1."""
-    services = Services(engine)
+def register_v2(engine: Engine, *, services: Services | None = None,
+                on_claim: HookFunction | None = None) -> None:
+    """Version 2 of ``deployed``: three changes behind ``ctx.patched``, compatible with 1.
+    ``services`` and ``on_claim`` let the golden recording break a connection and a hook."""
+    services = services or Services(engine)
     database = engine.database
 
     async def on_resume(event: HookEvent) -> None:
         await database.fetch(RESUMED, event.task_id, event.reason, event.task_version,
                              event.code_version, event.new_version, event.worker_id)
 
-    @engine.agent(AGENT, version="2", compatible=("1",), hooks=AgentHooks(on_resume=on_resume))
+    hooks = AgentHooks(on_resume=on_resume, on_claim=on_claim)
+
+    @engine.agent(AGENT, version="2", compatible=("1",), hooks=hooks)
     async def deployed(ctx: AgentContext, task_input: Any) -> Any:
         n = int(task_input["n"])
 
