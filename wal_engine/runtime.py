@@ -276,7 +276,7 @@ class TaskRun:
                     return False
                 await self._settle_outcomes()
                 await self.append([ev.RunInterrupted(
-                    error_type=type(error).__name__, error=self.redact_text(str(error))[:500],
+                    error_type=type(error).__name__, error=_interruption_text(error, self),
                     worker_id=self.worker.worker_id)])
                 self._new_journal()
                 return True
@@ -613,6 +613,14 @@ class TaskRun:
 _OUTCOMES: Final = (ev.ToolCallCompleted, ev.ToolCallFailed, ev.LlmCallCompleted,
                     ev.LlmCallFailed)
 """Events that record what an effect did: kept while their append is in doubt."""
+
+
+def _interruption_text(error: BaseException, run: TaskRun) -> str:
+    """What ``run_interrupted`` records of the error: the reason, without the database's
+    address (host, port and database name belong in the worker's logs, not in every task's
+    durable history)."""
+    text = error.reason if isinstance(error, DatabaseUnavailable) else str(error)
+    return run.redact_text(text)[:500]
 
 
 def is_internal(call: Any) -> bool:
