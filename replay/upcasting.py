@@ -54,6 +54,13 @@ class UpcasterRegistry:
             raise ValueError(f"{event_type}: an upcaster from version {from_version} exists")
         self._steps[(event_type, from_version)] = upcaster
 
+    def missing_steps(self) -> list[tuple[str, int]]:
+        """``(event type, from version)`` of every older version of the vocabulary's types
+        with no upcaster: rows of that version would fail to read. Bumping a type's
+        ``VERSION`` without registering the step shows here (a test keeps it empty)."""
+        return [(event_type, version) for event_type, cls in sorted(EVENT_TYPES.items())
+                for version in range(1, cls.VERSION) if (event_type, version) not in self._steps]
+
     def upcaster(self, event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
         """Decorator form of :meth:`register`."""
 

@@ -345,7 +345,9 @@ class AgentContext:
         commands it has not reached yet): a change made since must not apply here."""
         run = self._run
         assert run.journal is not None
-        if run.journal.remaining:
+        # A finished history (the deploy gate replays them) ended where the old code
+        # returned: a patch reached after its last record is a change it never ran.
+        if run.journal.remaining or run.journal.closed:
             return True
         return any(self._ordinals.get(kind, 0) < count
                    for kind, count in run.view.commands.items())

@@ -185,11 +185,11 @@ class TaskRun:
         definition = self.engine.agents.get(self.agent)
         self.definition = definition
         try:
-            resumed = await self._read_state()
+            resumed = await self._first_read()
         except CorruptionError as error:
             await self._quarantine(error)
             return
-        if not self._adopt(resumed):
+        if resumed is None or not self._adopt(resumed):
             return
         if definition is None:
             await self._release(f"agent {self.agent!r} is not registered on this worker")
@@ -223,6 +223,23 @@ class TaskRun:
                         await asyncio.shield(asyncio.wait_for(
                             self._release("worker stopped during a call"), release_timeout_s))
                 raise
+
+    async def _first_read(self) -> ResumedState | None:
+        """The state read just after the claim. A lost connection here is retried while
+        the lease can be trusted (nothing ran yet, so there is nothing to record); giving
+        up left the task to lease expiry, one claim per connection lost at this point."""
+        delay_s = 0.05
+        while True:
+            try:
+                return await self._read_state()
+            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
+                if not self.lease_trusted():
+                    self.log.warning("task_run_given_up", error=self.redact_text(repr(error)),
+                                     reason="lease expired while disconnected, before the "
+                                            "first read")
+                    return None
+                await asyncio.sleep(delay_s)
+                delay_s = min(reconnect_delay_max_s, delay_s * 2)
 
     def _adopt(self, resumed: ResumedState) -> bool:
         """Take ``resumed`` as the run's state; False (fenced) if the log moved past the
@@ -265,13 +282,19 @@ class TaskRun:
                     return False
                 await self._settle_outcomes()
                 await self.append([ev.RunInterrupted(
-                    error_type=type(error).__name__, error=self.redact_text(str(error))[:500],
+                    error_type=type(error).__name__, error=_interruption_text(error, self),
                     worker_id=self.worker.worker_id)])
                 self._new_journal()
                 return True
             except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
                 await asyncio.sleep(delay_s)
                 delay_s = min(reconnect_delay_max_s, delay_s * 2)
+            except Fenced:
+                # An append here found the lease gone (another worker took the task over
+                # while this one was disconnected). Fenced is a BaseException: left to
+                # escape, it would end the run's asyncio task with an unretrieved error.
+                self.log.warning("task_run_fenced", reason=self.fenced_reason)
+                return False
         self.log.warning("task_run_given_up", reason="lease expired while disconnected")
         return False
 
@@ -605,6 +628,14 @@ class TaskRun:
 _OUTCOMES: Final = (ev.ToolCallCompleted, ev.ToolCallFailed, ev.LlmCallCompleted,
                     ev.LlmCallFailed)
 """Events that record what an effect did: kept while their append is in doubt."""
+
+
+def _interruption_text(error: BaseException, run: TaskRun) -> str:
+    """What ``run_interrupted`` records of the error: the reason, without the database's
+    address (host, port and database name belong in the worker's logs, not in every task's
+    durable history)."""
+    text = error.reason if isinstance(error, DatabaseUnavailable) else str(error)
+    return run.redact_text(text)[:500]
 
 
 def is_internal(call: Any) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -70,12 +71,34 @@ def _workers(engine: Engine, count: int, prefix: str = "n", **timings: Any
     return running_workers(engine, count, {**NET_TIMINGS, **timings}, prefix=prefix)
 
 
-STORM_ATTEMPTS_MAX = 200
-"""Claims a task may take here before it is dead-lettered. The storms below (a reset every
-20-100 ms, partitions every few hundred ms) are far denser than the networks the default
-of 20 is meant for; on a loaded machine a task then exhausts 20 claims while the storm
-lasts, which W5 (I14) tests on purpose. These tests measure fencing, read-back and dedup
-under the storm, so their tasks may be claimed more often."""
+STORM_ATTEMPTS_MAX = 20
+"""Claims a task may take here before it is dead-lettered: the default. A run that loses
+its connection goes on under its lease (``run_interrupted``) instead of giving the task up
+until the lease expires, so a storm costs few claims; what is left comes from leases that
+really expire during a partition longer than the TTL. Measured on a shared 2-core machine,
+claims per task (median / max), seed 1234: with the give-up of commit 34a9dac (200 were
+allowed) N3 13 / 22, N2 drop_s2c 1 / 8, drop_c2s 1 / 10, N1 1 / 2, D4 1 / 1, N6 1 / 1;
+continuing in place, N3 1 / 6 (103 run_interrupted), drop_s2c 2 / 7, drop_c2s 1 / 9,
+N1 1 / 2, D4 1 / 1, N6 1 / 1. Each test prints its own (``claims per task``,
+``run interrupted``)."""
+
+
+CLAIMS_PER_TASK = """
+SELECT task_id,
+       count(*) FILTER (WHERE type IN ('task_claimed', 'task_resumed')) AS claims,
+       count(*) FILTER (WHERE type = 'run_interrupted') AS interrupted
+  FROM wal_events WHERE task_id = ANY($1::text[]) GROUP BY task_id LIMIT $2
+"""
+
+
+async def _claim_figures(database: Database, task_ids: list[str]) -> dict[str, Any]:
+    """What the storm cost: claims per task (median / max) and interruptions continued in
+    place (``run_interrupted``), for the figures line."""
+    rows = await database.fetch(CLAIMS_PER_TASK, task_ids, len(task_ids))
+    claims = sorted(int(r["claims"]) for r in rows) or [0]
+    return {"claims_per_task_median": statistics.median(claims),
+            "claims_per_task_max": claims[-1],
+            "run_interrupted": sum(int(r["interrupted"]) for r in rows)}
 
 
 async def _submit(engine: Engine, prefix: str, count: int) -> dict[str, Any]:
@@ -156,9 +179,10 @@ async def test_n3_connection_resets_at_random(database_dsn: str) -> None:
             await wait_until(lambda: harness.done(list(expected)), "every task", 120, 0.1)
         violations, effects = await check_everything(engine, acks=acks)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
     report("N3", violations + outcomes, tasks=len(expected), effects=effects, resets=resets,
            connections_reset=closed, ambiguous_appends=dict(counts), seed=seed,
-           escalated=escalated)
+           escalated=escalated, **claims)
 
 
 @pytest.mark.timeout(300)
@@ -184,9 +208,10 @@ async def test_n2_d4_asymmetric_partitions(database_dsn: str, mode: str) -> None
             await wait_until(lambda: harness.done(list(expected)), "every task", 120, 0.1)
         violations, effects = await check_everything(engine, acks=acks)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
     report(f"N2/D4 {mode}", violations + outcomes, tasks=len(expected), effects=effects,
            partitions=20, ambiguous_appends=dict(counts), bytes_dropped=proxy.bytes_dropped,
-           seed=seed, escalated=escalated)
+           seed=seed, escalated=escalated, **claims)
 
 
 @pytest.mark.timeout(300)
@@ -215,9 +240,10 @@ async def test_n1_blackhole_longer_than_the_lease(database_dsn: str) -> None:
         violations, effects = await check_everything(engine)
         violations += await _early_orphans(ledger_db)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
         await healthy_ledger.close()
     report("N1", violations + outcomes, tasks=len(expected), effects=effects, blackholes=20,
-           leases_broken=takeovers, seed=seed, escalated=escalated)
+           leases_broken=takeovers, seed=seed, escalated=escalated, **claims)
 
 
 async def _orphaned(database: Database) -> int:
@@ -277,10 +303,11 @@ async def test_d4_execute_then_raise_ambiguous_commits(database_dsn: str) -> Non
         engine.database.fetch = original  # type: ignore[method-assign]
         violations, effects = await check_everything(engine, acks=acks)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
         orphaned = await _orphaned(ledger_db)
     report("D4", violations + outcomes, tasks=len(expected), effects=effects,
            answers_lost=lost["answers_lost"], resolutions=dict(counts),
-           leases_lost_after_resolution=orphaned, seed=seed, escalated=escalated)
+           leases_lost_after_resolution=orphaned, seed=seed, escalated=escalated, **claims)
     assert lost["answers_lost"] >= 100
 
 
@@ -316,6 +343,7 @@ async def test_n6_partition_to_the_tool_service(database_dsn: str) -> None:
             await wait_until(lambda: harness.done(list(expected)), "every task", 120, 0.1)
         violations, effects = await check_everything(engine)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(engine.database, list(expected))
         unknown = 0
         kept = []
         for violation in outcomes:
@@ -334,7 +362,7 @@ async def test_n6_partition_to_the_tool_service(database_dsn: str) -> None:
         await service_proxy.close()
     report("N6", violations + kept, tasks=len(expected), effects=effects,
            service_partitions=faults, seed=seed, escalated=escalated,
-           failed_by_the_tool=unknown)
+           failed_by_the_tool=unknown, **claims)
 
 
 N4_SOAK_S = float(os.environ.get("WAL_ENGINE_N4_SOAK_S", "300"))
@@ -369,12 +397,13 @@ async def test_n4_latency_jitter_and_fragmentation_soak(database_dsn: str) -> No
         proxy.set("pass")
         violations, effects = await check_everything(engine)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
         broken = await _orphaned(ledger_db)
     if broken:
         violations.append(Violation(invariant="N4", detail=f"{broken} leases broken while "
                                                            f"every owner was alive"))
     report("N4", violations + outcomes, tasks=len(expected), effects=effects,
-           soak_s=round(N4_SOAK_S), leases_broken=broken, seed=seed, escalated=escalated)
+           soak_s=round(N4_SOAK_S), leases_broken=broken, seed=seed, escalated=escalated, **claims)
 
 
 @pytest.mark.deep
@@ -406,5 +435,6 @@ async def test_n5_swizzle_clog(database_dsn: str) -> None:
             await wait_until(lambda: harness.done(list(expected)), "every task", 240, 0.2)
         violations, effects = await check_everything(engine)
         outcomes, escalated = await outcome_violations(engine, expected)
+        claims = await _claim_figures(ledger_db, list(expected))
     report("N5", violations + outcomes, tasks=len(expected), effects=effects, cycles=20,
-           connections_clogged=clogged_total, seed=seed, escalated=escalated)
+           connections_clogged=clogged_total, seed=seed, escalated=escalated, **claims)

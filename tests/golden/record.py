@@ -3,19 +3,31 @@ embedded server is started, or ``WAL_ENGINE_TEST_DSN`` is borrowed).
 
 Each history is one task's whole log as written by the code of the day it was recorded,
 kept as a fixture that today's code must replay unchanged (RELIABILITY.md L5). Record new
-ones when the vocabulary grows; never re-record an old one to make a test pass.
+ones when the vocabulary grows; never re-record an old one to make a test pass: only the
+histories without a file yet are recorded (``python -m tests.golden.record NAME...`` names
+them; an existing file is never overwritten).
+
+The ``deployed_*`` histories are written by version 1 of :mod:`tests.fault.deploy_agents`
+(and, for the one continued after a deploy, by version 2 with a failing hook and a lost
+connection, so that ``patch_marked``, ``hook_failed`` and ``run_interrupted`` are in the
+fixtures); today's version 2 must replay them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from tests.fault import ledger_agents
+import asyncpg
+
+from tests.fault import deploy_agents, ledger_agents
 from wal_engine import demo
 from wal_engine.engine import Engine, connect
+from wal_engine.hooks import HookEvent
+from wal_engine.store import queries
 from wal_engine.testing.crash import (
     crash_at,
     default_responder,
@@ -37,6 +49,79 @@ async def register_all(engine: Engine) -> None:
     await demo.prepare(engine)
     ledger_agents.register(engine)
     await EffectLedger.for_engine(engine).prepare()
+    deploy_agents.register_v2(engine)
+    await deploy_agents.prepare_tables(engine)
+
+
+APPENDS: Final = (queries.OBSERVE_ONE, queries.OBSERVE_MANY, queries.TRANSITION,
+                  queries.APPEND_MANY)
+
+
+async def _deploy_engines(dsn: str) -> tuple[Engine, Engine]:
+    """Version 1 of ``deployed``, and version 2 whose ``on_claim`` hook raises and whose
+    first ``charge`` result is lost with the connection (its append fails before reaching
+    the server, as when the socket drops: the run reads back, records the result again
+    and ``run_interrupted``, and goes on under its lease)."""
+    v1 = await connect(dsn, migrate=False)
+    deploy_agents.register_v1(v1)
+    await deploy_agents.prepare_tables(v1)
+    v2 = await connect(dsn, migrate=False)
+    services = deploy_agents.Services(v2)
+    charge = services.charge
+    drop_next_append: list[bool] = []
+    fetch = v2.database.fetch
+
+    async def charge_then_drop(args: Any) -> Any:
+        result = await charge(args)
+        if not drop_next_append:
+            drop_next_append.append(True)
+        return result
+
+    async def dropping_fetch(query: str, *args: Any, **kwargs: Any) -> Any:
+        if query in APPENDS and drop_next_append == [True]:
+            drop_next_append.append(False)
+            raise asyncpg.exceptions.ConnectionDoesNotExistError(
+                "golden recording: the connection dropped before the append was sent")
+        return await fetch(query, *args, **kwargs)
+
+    def sandbox_gone(event: HookEvent) -> None:
+        raise RuntimeError(f"sandbox for {event.task_id} is gone")
+
+    services.charge = charge_then_drop
+    v2.database.fetch = dropping_fetch  # type: ignore[method-assign]
+    deploy_agents.register_v2(v2, services=services, on_claim=sandbox_gone)
+    return v1, v2
+
+
+async def _record_deployed(dsn: str, tasks: dict[str, str], wanted: set[str]) -> None:
+    respond_go = {"go": {"approved_by": "golden"}}
+    v1, v2 = await _deploy_engines(dsn)
+    try:
+        if "deployed_v1_waiting" in wanted:
+            task = await v1.submit(deploy_agents.AGENT, {"n": 1, "wait": "signal"},
+                                   task_id="golden-deployed-waiting")
+            await run_worker_until_idle(v1, worker_id="golden-v1")
+            tasks["deployed_v1_waiting"] = task
+        if "deployed_v1_completed" in wanted:
+            task = await v1.submit(deploy_agents.AGENT,
+                                   {"n": 2, "wait": "timer", "sleep_s": 0.02},
+                                   task_id="golden-deployed-v1")
+            await drive_to_quiescence(v1, [task], worker_id="golden-v1")
+            tasks["deployed_v1_completed"] = task
+        if "deployed_v1_finished_on_v2" in wanted:
+            task = await v1.submit(deploy_agents.AGENT, {"n": 3, "wait": "signal"},
+                                   task_id="golden-deployed-v2")
+            await run_worker_until_idle(v1, worker_id="golden-v1")
+            await drive_to_quiescence(v2, [task], worker_id="golden-v2",
+                                      responder=default_responder(v2, respond_go))
+            tasks["deployed_v1_finished_on_v2"] = task
+    finally:
+        await v1.close()
+        await v2.close()
+
+
+DEPLOYED: Final = ("deployed_v1_waiting", "deployed_v1_completed",
+                   "deployed_v1_finished_on_v2")
 
 
 async def _crash_then_finish(engine: Engine, task_id: str, point: str, nth: int) -> None:
@@ -46,7 +131,7 @@ async def _crash_then_finish(engine: Engine, task_id: str, point: str, nth: int)
     await drive_to_quiescence(engine, [task_id], worker_id="golden-survivor")
 
 
-async def _record(engine: Engine) -> dict[str, str]:
+async def _record(engine: Engine, wanted: set[str]) -> dict[str, str]:
     respond = default_responder(engine, {"go": {"approved_by": "golden"}})
     recipes: dict[str, Callable[[], Awaitable[Any]]] = {}
     tasks: dict[str, str] = {}
@@ -83,13 +168,26 @@ async def _record(engine: Engine) -> dict[str, str]:
                    demo_waiting_for_approval=demo_waiting_for_approval,
                    ledgered_timers_and_signals=ledgered_timers_and_signals,
                    ledgered_escalated=ledgered_escalated)
-    for recipe in recipes.values():
-        await recipe()
+    for name, recipe in recipes.items():
+        if name in wanted:
+            await recipe()
     return tasks
 
 
-async def main() -> None:
-    """Record every golden history into ``histories/``."""
+RECIPES: Final = ("demo_completed", "demo_crash_recovered", "demo_waiting_for_approval",
+                  "ledgered_timers_and_signals", "ledgered_escalated", *DEPLOYED)
+
+
+async def main(names: list[str]) -> None:
+    """Record the golden histories ``names`` (default: every one without a file yet) into
+    ``histories/``; an existing file is never overwritten."""
+    wanted = set(names) if names else {n for n in RECIPES
+                                       if not (HISTORIES / f"{n}.jsonl").exists()}
+    unknown = wanted - set(RECIPES)
+    existing = {n for n in wanted if (HISTORIES / f"{n}.jsonl").exists()}
+    if unknown or existing:
+        raise SystemExit(f"unknown recipes {sorted(unknown)}; already recorded (never "
+                         f"re-recorded) {sorted(existing)}")
     server = start_test_server()
     factory = DatabaseFactory(server)
     try:
@@ -98,7 +196,8 @@ async def main() -> None:
         engine = await connect(dsn, migrate=False)
         try:
             await register_all(engine)
-            tasks = await _record(engine)
+            tasks = await _record(engine, wanted)
+            await _record_deployed(dsn, tasks, wanted)
             HISTORIES.mkdir(exist_ok=True)
             for name, task_id in tasks.items():
                 records = await engine.history(task_id)
@@ -112,4 +211,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))

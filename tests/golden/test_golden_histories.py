@@ -9,14 +9,16 @@ replay against today's agent code with no divergence, the recorded end, and zero
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pytest
 
 from replay.fold import fold
+from replay.upcasting import upcasters
 from tests.golden.record import HISTORIES, register_all
 from wal_engine.engine import Engine, connect
+from wal_engine.events import EVENT_TYPES
 from wal_engine.replay_check import replay_events
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.replay import insert_history, load_history, mismatch, verify_history
@@ -24,15 +26,29 @@ from wal_engine.testing.replay import insert_history, load_history, mismatch, ve
 FILES = sorted(HISTORIES.glob("*.jsonl"))
 NEXT_COMMAND: dict[str, str] = {
     "demo_waiting_for_approval": "send_report",
+    "deployed_v1_waiting": "'go'",
 }
 """For histories that are not finished: what today's code must ask for next."""
 
 DEMO_EFFECTS = "SELECT coalesce(sum(deliveries), 0) AS n FROM demo_effects"
 
 
+NEW_IN_FORMAT_5: Final = ("patch_marked", "run_interrupted", "hook_failed")
+"""Event types added with issue 17 (STATE_FORMAT 5): each must be in a golden history."""
+
+
 def test_there_are_golden_histories() -> None:
     """The fixtures exist (a glob that matches nothing would make L5 vacuous)."""
-    assert len(FILES) >= 5
+    assert len(FILES) >= 8
+
+
+def test_new_event_types_have_golden_histories_and_upcaster_chains() -> None:
+    """Every type added with issue 17 is in a recorded history, and every type of the
+    vocabulary has an upcaster from each of its older versions (none yet: all are at 1)."""
+    recorded = {record.type for path in FILES for record in load_history(path)}
+    assert set(NEW_IN_FORMAT_5) <= recorded, set(NEW_IN_FORMAT_5) - recorded
+    assert set(NEW_IN_FORMAT_5) <= set(EVENT_TYPES)
+    assert upcasters.missing_steps() == []
 
 
 @pytest.fixture
@@ -102,3 +118,20 @@ async def test_l5_changed_code_diverges_from_a_golden_history(engine: Engine) ->
     report = await replay_events(records, swapped, task_id=records[0].task_id)
     assert report.divergence is not None
     assert fold(records).status is not None
+
+
+@pytest.mark.parametrize("name", ["deployed_v1_completed", "deployed_v1_finished_on_v2"])
+async def test_l5_v2_without_its_patches_diverges_from_v1_golden_histories(
+        database_dsn: str, name: str) -> None:
+    """Version 2's changes made without ``ctx.patched`` break the histories version 1
+    wrote: the golden check refuses the incompatible change (it is not vacuous)."""
+    from tests.fault import deploy_agents
+
+    unpatched = await connect(database_dsn, migrate=False)
+    try:
+        deploy_agents.register_v2_unpatched(unpatched)
+        records = load_history(HISTORIES / f"{name}.jsonl")
+        report = await replay_events(records, unpatched.agents, task_id=records[0].task_id)
+    finally:
+        await unpatched.close()
+    assert report.divergence is not None and report.divergence.kind == "call", report

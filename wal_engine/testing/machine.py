@@ -127,13 +127,20 @@ class Submission:
     input: Any = None
 
 
+HAND_OFFS: Final = frozenset({"task_orphaned", "task_resumed", "run_interrupted"})
+"""Records after which a run re-runs agent code against a history it did not all write."""
+
+
 def allow_escalated(state: AgentState, history: list[EventRecord]) -> bool:
     """The one outcome allowed to differ from the crash-free run: a task that failed because
     a crash left a non-idempotent call in doubt (``tool_call_uncertain``), which the engine
-    must escalate instead of re-running (RELIABILITY.md R3)."""
+    must escalate instead of re-running (RELIABILITY.md R3). The run that found the call in
+    doubt came after a hand-off (``task_orphaned``, ``task_resumed``) or after its own lost
+    connection (``run_interrupted``: the same lease, the code re-run from the top)."""
     return (state.failure is not None and state.failure.reason == "uncertain_side_effect"
             and any(r.type == "tool_call_uncertain" for r in history)
-            and any(r.type in ("task_orphaned", "task_resumed") for r in history))
+            and any(r.type in HAND_OFFS for r in history))
+
 
 
 @dataclass
