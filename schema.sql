@@ -638,8 +638,8 @@ $$;
 -- WAITING tasks whose wake time has come (database clock), of the agents in p_agents (all
 -- agents when NULL): a worker never takes a task it has no code for. With p_versions
 -- (parallel to p_agents: each pair is an agent and a version this worker's code runs, the
--- first pair of an agent its own version), only tasks of those versions, or of none yet,
--- which the claim pins to the worker's own version. Bumps each task's lease epoch (the
+-- first pair of an agent its own version), only tasks of those versions, or of none yet;
+-- the claim pins each task to the worker's own version. Bumps each task's lease epoch (the
 -- fencing token) and records the claim in the log.
 -- (Dropped first: CREATE OR REPLACE cannot change a function's result columns.)
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint);
@@ -674,10 +674,13 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     LOOP
         new_epoch := due.lease_epoch + 1;
-        pinned := coalesce(due.agent_version,
-                           (SELECT r.version FROM unnest(p_agents, p_versions)
+        -- The claiming code's own version: a task continued by newer code that declares the
+        -- old version compatible is that code's from now on (its history may hold calls
+        -- the old code does not make), so old workers still running never take it back.
+        pinned := coalesce((SELECT r.version FROM unnest(p_agents, p_versions)
                                    WITH ORDINALITY AS r(agent, version, n)
-                             WHERE r.agent = due.agent ORDER BY r.n LIMIT 1));
+                             WHERE r.agent = due.agent ORDER BY r.n LIMIT 1),
+                           due.agent_version);
         IF due.status = 'WAITING' THEN
             PERFORM wal_emit(due.task_id, 'task_woken',
                              jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL

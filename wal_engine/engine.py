@@ -14,7 +14,12 @@ import structlog
 
 from replay.state import CallStatus
 from wal_engine import limits
-from wal_engine.errors import ConfigurationError, InvalidInput, ReconcileRefused
+from wal_engine.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidInput,
+    ReconcileRefused,
+)
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.group_commit import GroupCommitter
 from wal_engine.hooks import NO_HOOKS, AgentHooks
@@ -32,6 +37,7 @@ from wal_engine.redaction import (
 from wal_engine.resume import SnapshotPolicy
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
+from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -324,9 +330,15 @@ class Engine:
 
     async def wait(self, task_id: str, *, timeout_s: float | None = None,
                    poll_s: float = wait_poll_s_default) -> AgentState:
-        """Wait until the task is COMPLETED or FAILED; return its final state."""
+        """Wait until the task is COMPLETED or FAILED; return its final state. A poll
+        that loses its connection is simply made again (it is a read) until the timeout."""
         async def finished() -> None:
-            while (await self.store.read_head(task_id)).status not in TERMINAL:
+            while True:
+                try:
+                    if (await self.store.read_head(task_id)).status in TERMINAL:
+                        return
+                except (*CONNECTION_ERRORS, DatabaseUnavailable):
+                    pass
                 await asyncio.sleep(poll_s)
 
         await asyncio.wait_for(finished(), timeout_s)

@@ -331,8 +331,8 @@ class TaskRun:
             return
         event = HookEvent(
             hook=hook, task_id=self.task_id, agent=self.agent, reason=reason,
-            task_version=self.agent_version, code_version=definition.version,
-            new_version=self.agent_version not in (None, definition.version),
+            task_version=self.view.agent_version, code_version=definition.version,
+            new_version=self.view.agent_version not in (None, definition.version),
             worker_id=self.worker.worker_id, epoch=self.epoch, seq=self.head_seq,
             detail=detail)
         try:
