@@ -300,7 +300,8 @@ class AgentContext:
     @property
     def task_version(self) -> str | None:
         """The version of the agent code that started this task."""
-        return self._run.view.agent_version
+        version: str | None = self._run.view.agent_version
+        return version
 
     async def patched(self, change_id: str) -> bool:
         """Whether this task runs the code changed under ``change_id`` (Temporal's

@@ -380,6 +380,7 @@ async def connect(
     tasks_max: int | None = limits.tasks_max,
     events_per_task_max: int = limits.history_events_max,
     llm_spend_max_usd: float | None = None,
+    statement_timeout_ms: int = limits.statement_timeout_ms,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
@@ -409,6 +410,8 @@ async def connect(
             hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
         secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
             and LLM requests just before each attempt; the values are never stored.
+        statement_timeout_ms: The ``statement_timeout`` every engine session sends at its
+            start (it wins over role and database defaults, decision 35).
         development: Whether a refusal of the start-up security self-test
             (:mod:`wal_engine.security`: superuser, BYPASSRLS, owner of the log) is only
             logged. None decides from the setup: the embedded server and
@@ -426,7 +429,7 @@ async def connect(
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
         require_synchronous_commit=require_synchronous_commit, development=development,
-        tenant=tenant, tasks_max=tasks_max,
+        tenant=tenant, tasks_max=tasks_max, statement_timeout_ms=statement_timeout_ms,
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
                   snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,

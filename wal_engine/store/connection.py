@@ -276,6 +276,7 @@ class Database:
         migrate: bool = True,
         application_name: str = "wal-engine:pool",
         require_synchronous_commit: bool = True,
+        statement_timeout_ms: int = limits.statement_timeout_ms,
         development: bool | None = None,
         tenant: str | None = None,
         tasks_max: int | None = None,
@@ -299,8 +300,11 @@ class Database:
             raise ConfigurationError("tasks_max must be >= 0")
         embedded_dsn = not dsn and not os.environ.get(DSN_ENV)
         resolved = await resolve_dsn(dsn)
+        if statement_timeout_ms < 1:
+            raise ConfigurationError("statement_timeout_ms must be at least 1")
         required = required_settings(synchronous_commit=require_synchronous_commit,
-                                     read_only=dsn_requests_read_only(resolved))
+                                     read_only=dsn_requests_read_only(resolved),
+                                     statement_timeout_ms=statement_timeout_ms)
         first = await _connect_once(resolved, session_settings(
             requested or DEFAULT_TENANT, application_name, tasks_max=tasks_max,
             required=required))

@@ -377,7 +377,11 @@ class EffectLedger:
                      script: Script | None) -> Behaviour:
         """Count the attempt; raise DidNotAct if the script says so; else its behaviour."""
         await self.prepare()
-        row = await self.database.fetchrow(ATTEMPT, who.key, who.task_id, tool, kind)
+        try:
+            row = await self.database.fetchrow(ATTEMPT, who.key, who.task_id, tool, kind)
+        except CONNECTION_ERRORS as error:
+            # Counted or not, nothing acted yet: the service says so, whatever its kind.
+            raise DidNotAct(f"{tool}: service unreachable before acting: {error!r}") from error
         behaviour = _plain if script is None else script(args, int(row["attempts"]))
         if behaviour.outcome == "did_not_act":
             raise DidNotAct(f"{tool}: attempt {row['attempts']} did not reach the service")
