@@ -558,6 +558,13 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
     for _ in range(attempts_max):
         try:
             return await _transaction_attempt(run, call_id, key, function, args)
+        except InvalidPayload as error:
+            # The result cannot be stored, so the transaction rolled back whole: nothing
+            # acted. Recorded as the call's failure, as for a tool (never left pending).
+            await run.append([ev.ToolCallFailed(
+                call_id=call_id, attempt=attempt, error_type="UnstorableResult",
+                error="the effect's result cannot be stored", retryable=False)])
+            raise ToolError(call_id, "UnstorableResult", str(error)) from error
         except _INFRASTRUCTURE:
             raise
         except Exception as error:
@@ -606,8 +613,6 @@ async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
     try:
         result = await run.engine.gateway.run_in_transaction(
             claim, lambda connection: function(connection, args), record)
-    except InvalidPayload as error:
-        raise ToolError(call_id, "UnstorableResult", str(error)) from error
     finally:
         _current_call.reset(token)
     if "append" in pending:

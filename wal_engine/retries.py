@@ -120,6 +120,10 @@ def classify_failure(error: BaseException, policy: RetryPolicy, attempt: int, *,
     ``TimeoutError``: transient for a call safe to repeat, in doubt for the others.
     """
     more = attempt < policy.max_attempts
+    if isinstance(error, LeaseExpired):
+        # Not the call's failure but this worker's: the next owner makes the attempt, so it
+        # never uses up the policy (the run stops after recording it).
+        return Disposition.RETRY
     if did_not_act(error, policy):
         return Disposition.RETRY if more else Disposition.FAIL
     if isinstance(error, PermanentError):
