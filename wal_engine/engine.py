@@ -35,6 +35,7 @@ from wal_engine.redaction import (
     redact_text,
 )
 from wal_engine.resume import SnapshotPolicy
+from wal_engine.runtime import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
 from wal_engine.store.connection import CONNECTION_ERRORS
@@ -205,7 +206,19 @@ class Engine:
 
         Signals sent before the task waits are kept and delivered when it does. With
         ``dedup_key``, a repeated delivery (a webhook sent twice) is stored once.
+
+        Names starting with ``~`` are the engine's own (approvals and reconciliations) and
+        raise :class:`~wal_engine.errors.InvalidInput`: use :meth:`approve` and
+        :meth:`reconcile`, which check what a raw signal would skip.
         """
+        if isinstance(name, str) and name.startswith(_INTERNAL_SIGNAL_PREFIX):
+            raise InvalidInput(f"signal names starting with {_INTERNAL_SIGNAL_PREFIX!r} are "
+                               "reserved: use engine.approve or engine.reconcile")
+        return await self._signal(task_id, name, payload, dedup_key)
+
+    async def _signal(self, task_id: str, name: str, payload: Any,
+                      dedup_key: str | None = None) -> int:
+        """Send a signal, reserved names included (the checks of :meth:`signal`)."""
         validate_task_id(task_id)
         validate_text(name, "a signal name", bytes_max=4 * limits.name_length_max,
                       chars_max=limits.name_length_max, empty_ok=False)
@@ -234,7 +247,7 @@ class Engine:
             args_hash = request.args_hash
         payload = {"approved": approved, "approver": approver, "args_hash": args_hash,
                    "comment": comment}
-        return await self.signal(task_id, f"~approval:{call_id}", payload)
+        return await self._signal(task_id, f"~approval:{call_id}", payload)
 
     async def reconcile(self, task_id: str, call_id: str, *, result: Any = None,
                         error: str | None = None, force: bool = False) -> int:
@@ -249,7 +262,7 @@ class Engine:
         """
         await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}
-        return await self.signal(task_id, f"~reconcile:{call_id}", payload)
+        return await self._signal(task_id, f"~reconcile:{call_id}", payload)
 
     async def _reconcilable(self, task_id: str, call_id: str, force: bool) -> None:
         """Raise ReconcileRefused unless ``call_id`` may be reconciled now."""
