@@ -140,10 +140,14 @@ class Engine:
         """
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+        # Text PostgreSQL cannot store (NUL, a lone surrogate) is refused here: later, a
+        # worker's claim statement would fail on every poll and claim nothing.
+        validate_text(name, "an agent name", bytes_max=4 * limits.name_length_max)
         for label in (version, *compatible):
             if not isinstance(label, str) or not 1 <= len(label) <= agent_version_length_max:
                 raise InvalidInput(
                     f"agent versions must be 1..{agent_version_length_max} characters")
+            validate_text(label, "an agent version", bytes_max=4 * agent_version_length_max)
 
         def register(function: F) -> F:
             self.agents[name] = AgentDefinition(
