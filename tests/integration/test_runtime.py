@@ -335,6 +335,26 @@ async def test_unstorable_result_is_recorded_as_failure_not_looped(
     assert effects.calls["bad"] == 1
 
 
+@pytest.mark.parametrize("output", [math.nan, "o" * (1024 * 1024 + 10), {"x": "nul\x00"}],
+                         ids=["nan", "too-large", "nul"])
+async def test_unstorable_agent_output_fails_the_task_once(engine: Engine, output: Any) -> None:
+    """An agent returning what the log cannot store fails with agent_error on its first
+    run (the run used to crash, and every later claim re-ran the agent and crashed again)."""
+    runs = Counter[str]()
+
+    @engine.agent("poison-output")
+    async def poison_output(ctx: AgentContext, task_input: Any) -> Any:
+        runs["agent"] += 1
+        return output
+
+    task_id = await engine.submit("poison-output")
+    state = await drive(engine, task_id)
+    assert state.status is Status.FAILED
+    assert state.failure is not None and state.failure.reason == "agent_error"
+    assert "invalid payload" in (state.failure.error or "")
+    assert runs["agent"] == 1
+
+
 async def test_deeply_nested_result_is_recorded_as_failure(engine: Engine) -> None:
     """JSON nested 20,000 deep from a tool acts once and is recorded as a typed failure."""
     effects = Effects()
