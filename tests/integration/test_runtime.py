@@ -355,6 +355,30 @@ async def test_unstorable_agent_output_fails_the_task_once(engine: Engine, outpu
     assert runs["agent"] == 1
 
 
+@pytest.mark.parametrize("usage", [{"input_tokens": -1000}, {"output_tokens": -1},
+                                   {"cost_usd": -5.0}, {"cost_usd": math.nan},
+                                   {"cost_usd": math.inf}],
+                         ids=["input", "output", "cost", "nan-cost", "inf-cost"])
+async def test_llm_usage_that_cannot_be_counted_is_a_failure_not_a_credit(
+        engine: Engine, usage: dict[str, Any]) -> None:
+    """Negative or non-finite usage is recorded as an InvalidUsage failure and leaves the
+    task's totals alone (it used to be added: -3,000 tokens let a task overrun max_tokens)."""
+
+    @engine.agent("credit")
+    async def credit(ctx: AgentContext, task_input: Any) -> Any:
+        try:
+            await ctx.llm("m", lambda _: LlmResponse(content="x", **usage), {})
+        except ToolError as error:
+            return error.error_type
+        return "counted"
+
+    task_id = await engine.submit("credit", budget=Budget(max_tokens=100))
+    state = await drive(engine, task_id)
+    assert state.output == "InvalidUsage"
+    assert (state.usage.input_tokens, state.usage.output_tokens) == (0, 0)
+    assert state.usage.cost_usd == 0.0
+
+
 async def test_deeply_nested_result_is_recorded_as_failure(engine: Engine) -> None:
     """JSON nested 20,000 deep from a tool acts once and is recorded as a typed failure."""
     effects = Effects()
