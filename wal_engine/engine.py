@@ -229,13 +229,17 @@ class Engine:
         if dedup_key is not None:
             validate_text(dedup_key, "a dedup key", bytes_max=limits.dedup_key_bytes_max,
                           empty_ok=False)
-        encoded = encode_payload(redact_bounded(self.redactor, payload,
-                                                limits.signal_payload_bytes_max),
-                                 payload_bytes_max=limits.signal_payload_bytes_max)
+        encoded = self._encode_signal(payload)
         name = redact_text(self.redactor, name)
         dedup_key = None if dedup_key is None else redact_text(self.redactor, dedup_key)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
+
+    def _encode_signal(self, payload: Any) -> bytes:
+        """A signal's payload as stored (redacted, bounded, encoded)."""
+        return encode_payload(redact_bounded(self.redactor, payload,
+                                             limits.signal_payload_bytes_max),
+                              payload_bytes_max=limits.signal_payload_bytes_max)
 
     async def approve(self, task_id: str, call_id: str, *, approver: str, approved: bool = True,
                       args_hash: str | None = None, comment: str | None = None) -> int:
@@ -266,7 +270,16 @@ class Engine:
         """
         await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}
-        return await self._signal(task_id, f"~reconcile:{call_id}", payload)
+        name = f"~reconcile:{call_id}"
+        # One answer per call (the dedup key): a second reconciliation sent before the
+        # task took the first used to be accepted too, and silently never read.
+        signal_id = await self._signal(task_id, name, payload, dedup_key=name)
+        rows = await self.database.fetch(queries.READ_SIGNALS, task_id, name, [], 1,
+                                         task_id=task_id)
+        if rows and bytes(rows[0]["payload"]) != self._encode_signal(payload):
+            raise ReconcileRefused(task_id, call_id, f"another answer (signal "
+                                   f"{rows[0]['signal_id']}) was recorded for it first")
+        return signal_id
 
     async def _reconcilable(self, task_id: str, call_id: str, force: bool) -> None:
         """Raise ReconcileRefused unless ``call_id`` may be reconciled now."""

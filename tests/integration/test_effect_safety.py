@@ -171,6 +171,26 @@ async def test_reconcile_of_a_call_that_is_not_escalated_is_refused(engine: Engi
     assert (await engine.head(task_id)).head_seq == head.head_seq
 
 
+async def test_a_second_answer_for_an_escalated_call_is_refused(engine: Engine) -> None:
+    """Two operators answer one escalated call before the task takes it: the same answer
+    again is accepted once (same signal), a different one is ReconcileRefused (it used to
+    be accepted and never read), and the task ends with the first."""
+    charge = Charge(sync=False, then="reset")
+    task_id = await engine.submit(_register(engine, charge, on_uncertain="wait"), {"amount": 4})
+    assert await _run(engine, task_id) is Status.WAITING
+    [escalation] = await escalations(engine, task_id)
+    first = await engine.reconcile(task_id, escalation.call_id, result={"charged": 4},
+                                   force=True)
+    again = await engine.reconcile(task_id, escalation.call_id, result={"charged": 4},
+                                   force=True)
+    assert again == first
+    with pytest.raises(ReconcileRefused, match="another answer"):
+        await engine.reconcile(task_id, escalation.call_id, error="declined", force=True)
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"charged": 4}
+    assert len(charge.acted) == 1
+
+
 @pytest.mark.parametrize("name", ["~reconcile:tool-0", "~approval:tool-0", "~"])
 async def test_a_raw_signal_cannot_take_a_reserved_name(engine: Engine, name: str) -> None:
     """engine.signal refuses the engine's own names (a pre-sent ``~reconcile:`` signal
