@@ -22,6 +22,7 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -506,6 +507,14 @@ class LlmCaller:
 
     async def _record(self, call_id: str, attempt: int, response: LlmResponse) -> Any:
         """Record the response; return its content as recorded (redacted)."""
+        problem = _usage_problem(response)
+        if problem is not None:
+            # Negative usage would be added to the task's totals and offset the budget
+            # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
+            await self.run.append([ev.LlmCallFailed(
+                call_id=call_id, attempt=attempt, error_type="InvalidUsage", error=problem,
+                retryable=False)])
+            raise ToolError(call_id, "InvalidUsage", problem)
         stored = await self.run.store_result_or_failure(
             ev.LlmCallCompleted(call_id=call_id,
                                 response=scrub_values(response.content, self.secrets_used),
@@ -519,6 +528,19 @@ class LlmCaller:
             raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
         await self.run.add_tenant_spend(stored.cost_usd)
         return stored.response
+
+
+def _usage_problem(response: LlmResponse) -> str | None:
+    """Why the usage an LLM function reported cannot be counted, or None."""
+    for name in ("input_tokens", "output_tokens"):
+        value = getattr(response, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{name} must be a non-negative integer, not {value!r}"[:error_text_max]
+    cost = response.cost_usd
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (
+            math.isfinite(cost) and cost >= 0):
+        return f"cost_usd must be a finite non-negative number, not {cost!r}"[:error_text_max]
+    return None
 
 
 def _as_response(raw: Any) -> LlmResponse:

@@ -35,6 +35,7 @@ from wal_engine.redaction import (
     redact_text,
 )
 from wal_engine.resume import SnapshotPolicy
+from wal_engine.runtime import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
 from wal_engine.store.connection import CONNECTION_ERRORS
@@ -139,10 +140,14 @@ class Engine:
         """
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+        # Text PostgreSQL cannot store (NUL, a lone surrogate) is refused here: later, a
+        # worker's claim statement would fail on every poll and claim nothing.
+        validate_text(name, "an agent name", bytes_max=4 * limits.name_length_max)
         for label in (version, *compatible):
             if not isinstance(label, str) or not 1 <= len(label) <= agent_version_length_max:
                 raise InvalidInput(
                     f"agent versions must be 1..{agent_version_length_max} characters")
+            validate_text(label, "an agent version", bytes_max=4 * agent_version_length_max)
 
         def register(function: F) -> F:
             self.agents[name] = AgentDefinition(
@@ -205,20 +210,36 @@ class Engine:
 
         Signals sent before the task waits are kept and delivered when it does. With
         ``dedup_key``, a repeated delivery (a webhook sent twice) is stored once.
+
+        Names starting with ``~`` are the engine's own (approvals and reconciliations) and
+        raise :class:`~wal_engine.errors.InvalidInput`: use :meth:`approve` and
+        :meth:`reconcile`, which check what a raw signal would skip.
         """
+        if isinstance(name, str) and name.startswith(_INTERNAL_SIGNAL_PREFIX):
+            raise InvalidInput(f"signal names starting with {_INTERNAL_SIGNAL_PREFIX!r} are "
+                               "reserved: use engine.approve or engine.reconcile")
+        return await self._signal(task_id, name, payload, dedup_key)
+
+    async def _signal(self, task_id: str, name: str, payload: Any,
+                      dedup_key: str | None = None) -> int:
+        """Send a signal, reserved names included (the checks of :meth:`signal`)."""
         validate_task_id(task_id)
         validate_text(name, "a signal name", bytes_max=4 * limits.name_length_max,
                       chars_max=limits.name_length_max, empty_ok=False)
         if dedup_key is not None:
             validate_text(dedup_key, "a dedup key", bytes_max=limits.dedup_key_bytes_max,
                           empty_ok=False)
-        encoded = encode_payload(redact_bounded(self.redactor, payload,
-                                                limits.signal_payload_bytes_max),
-                                 payload_bytes_max=limits.signal_payload_bytes_max)
+        encoded = self._encode_signal(payload)
         name = redact_text(self.redactor, name)
         dedup_key = None if dedup_key is None else redact_text(self.redactor, dedup_key)
         row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
         return int(row["signal_id"])
+
+    def _encode_signal(self, payload: Any) -> bytes:
+        """A signal's payload as stored (redacted, bounded, encoded)."""
+        return encode_payload(redact_bounded(self.redactor, payload,
+                                             limits.signal_payload_bytes_max),
+                              payload_bytes_max=limits.signal_payload_bytes_max)
 
     async def approve(self, task_id: str, call_id: str, *, approver: str, approved: bool = True,
                       args_hash: str | None = None, comment: str | None = None) -> int:
@@ -234,7 +255,7 @@ class Engine:
             args_hash = request.args_hash
         payload = {"approved": approved, "approver": approver, "args_hash": args_hash,
                    "comment": comment}
-        return await self.signal(task_id, f"~approval:{call_id}", payload)
+        return await self._signal(task_id, f"~approval:{call_id}", payload)
 
     async def reconcile(self, task_id: str, call_id: str, *, result: Any = None,
                         error: str | None = None, force: bool = False) -> int:
@@ -249,7 +270,16 @@ class Engine:
         """
         await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}
-        return await self.signal(task_id, f"~reconcile:{call_id}", payload)
+        name = f"~reconcile:{call_id}"
+        # One answer per call (the dedup key): a second reconciliation sent before the
+        # task took the first used to be accepted too, and silently never read.
+        signal_id = await self._signal(task_id, name, payload, dedup_key=name)
+        rows = await self.database.fetch(queries.READ_SIGNALS, task_id, name, [], 1,
+                                         task_id=task_id)
+        if rows and bytes(rows[0]["payload"]) != self._encode_signal(payload):
+            raise ReconcileRefused(task_id, call_id, f"another answer (signal "
+                                   f"{rows[0]['signal_id']}) was recorded for it first")
+        return signal_id
 
     async def _reconcilable(self, task_id: str, call_id: str, force: bool) -> None:
         """Raise ReconcileRefused unless ``call_id`` may be reconciled now."""

@@ -384,7 +384,14 @@ class TaskRun:
             self.log.error("agent_failed", error=self.redact_text(repr(error)))
             await self.fail("agent_error", error)
             return
-        await self.append([ev.TaskCompleted(output=output)])
+        try:
+            await self.append([ev.TaskCompleted(output=output)])
+        except InvalidPayload as error:
+            # Nothing was written. Raised out of the run, it crashed every run that claimed
+            # the task again: the task stayed RUNNING, re-run at each lease expiry.
+            self.log.error("agent_output_unstorable", error=str(error))
+            await self.fail("agent_error", error)
+            return
         self.log.info("task_completed", seq=self.head_seq)
         await self.run_hook("on_complete", "completed", {"output": self.view.output})
 

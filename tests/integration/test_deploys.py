@@ -109,6 +109,24 @@ async def test_invalid_versions_are_refused(engine: Engine) -> None:
         engine.register("bad", agent, version="x" * 65)
 
 
+@pytest.mark.parametrize(("name", "version", "compatible"), [
+    ("bad", "1\x00", ()), ("bad", "\udc80", ()), ("bad", "2", ("1\x00",)),
+    ("bad\x00", "1", ()), ("\udcff", "1", ()),
+], ids=["version-nul", "version-surrogate", "compatible-nul", "name-nul", "name-surrogate"])
+async def test_versions_and_names_postgresql_cannot_store_are_refused_at_registration(
+        engine: Engine, name: str, version: str, compatible: tuple[str, ...]) -> None:
+    """A NUL or lone surrogate is a typed error at registration (a worker with such a
+    version used to fail its claim statement on every poll and claim nothing)."""
+    from wal_engine.errors import InvalidInput
+
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return None
+
+    with pytest.raises(InvalidInput, match=r"not valid text|must not contain NUL"):
+        engine.register(name, agent, version=version, compatible=compatible)
+    assert name not in engine.agents
+
+
 # ----------------------------------------------------------------------------- patches
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import escalations
 from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
-from wal_engine.errors import ReconcileRefused
+from wal_engine.errors import InvalidInput, ReconcileRefused
 from wal_engine.retries import DidNotAct, RetryPolicy
 from wal_engine.state_machine import Status
 from wal_engine.testing.crash import run_worker_until_idle
@@ -169,6 +169,41 @@ async def test_reconcile_of_a_call_that_is_not_escalated_is_refused(engine: Engi
     with pytest.raises(ReconcileRefused):
         await engine.reconcile(task_id, "tool-0", result={"charged": 1}, force=True)
     assert (await engine.head(task_id)).head_seq == head.head_seq
+
+
+async def test_a_second_answer_for_an_escalated_call_is_refused(engine: Engine) -> None:
+    """Two operators answer one escalated call before the task takes it: the same answer
+    again is accepted once (same signal), a different one is ReconcileRefused (it used to
+    be accepted and never read), and the task ends with the first."""
+    charge = Charge(sync=False, then="reset")
+    task_id = await engine.submit(_register(engine, charge, on_uncertain="wait"), {"amount": 4})
+    assert await _run(engine, task_id) is Status.WAITING
+    [escalation] = await escalations(engine, task_id)
+    first = await engine.reconcile(task_id, escalation.call_id, result={"charged": 4},
+                                   force=True)
+    again = await engine.reconcile(task_id, escalation.call_id, result={"charged": 4},
+                                   force=True)
+    assert again == first
+    with pytest.raises(ReconcileRefused, match="another answer"):
+        await engine.reconcile(task_id, escalation.call_id, error="declined", force=True)
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"charged": 4}
+    assert len(charge.acted) == 1
+
+
+@pytest.mark.parametrize("name", ["~reconcile:tool-0", "~approval:tool-0", "~"])
+async def test_a_raw_signal_cannot_take_a_reserved_name(engine: Engine, name: str) -> None:
+    """engine.signal refuses the engine's own names (a pre-sent ``~reconcile:`` signal
+    answered the escalation 11 ms after it, skipping the grace period), log unchanged."""
+    charge = Charge(sync=False, then="late")
+    task_id = await engine.submit(_register(engine, charge, on_uncertain="wait"), {"amount": 2})
+    head = await engine.head(task_id)
+    with pytest.raises(InvalidInput, match="reserved"):
+        await engine.signal(task_id, name, {"result": {"charged": 2}})
+    assert (await engine.head(task_id)).head_seq == head.head_seq
+    assert await _run(engine, task_id) is Status.WAITING
+    await _settled(charge)
+    assert len(charge.acted) == 1
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["def", "async"])

@@ -4,6 +4,7 @@ on PostgreSQL: the Idempotency-Key draft's semantics, health, metrics, restart."
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -171,6 +172,41 @@ async def test_reads_and_bare_keys_and_scopes(client: httpx.AsyncClient,
         await client.post("/scoped/c", content=b"1",
                           headers={**keyed(key), "authorization": token})
     assert upstream.count(f'"{key}"') == 2
+
+
+async def _raw_post(gateway: GatewayProcess, target: str, key: str) -> tuple[int, bytes]:
+    """POST ``target`` exactly as written (an HTTP client would resolve its dot segments)."""
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(f"POST {target} HTTP/1.1\r\nHost: {host}\r\nIdempotency-Key: \"{key}\""
+                     "\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.parametrize("target", ["/pay/../admin", "/pay/%2e%2e/admin", "/pay%2F..%2Fadmin",
+                                    "/pay/./c", "/pay/c/.."])
+async def test_dot_segments_cannot_leave_the_route_prefix(
+        gateway: GatewayProcess, upstream: Upstream, target: str) -> None:
+    """A path with a dot segment, encoded or not, is 400 and reaches no upstream (the
+    /pay route forwarded /pay%2F..%2Fadmin to the upstream's /admin)."""
+    key = new_key()
+    status, body = await _raw_post(gateway, target, key)
+    assert status == 400 and b"segments" in body
+    assert upstream.count(f'"{key}"') == 0
+
+
+async def test_an_encoded_question_mark_stays_in_the_path(
+        gateway: GatewayProcess, upstream: Upstream) -> None:
+    """A decoded %3F is sent encoded again: it does not become the upstream's query."""
+    status, body = await _raw_post(gateway, "/pay/c%3Fadmin=1", new_key())
+    assert status == 201
+    assert json.loads(body)["path"] == "/pay/c%3Fadmin=1"  # As the upstream sees it.
 
 
 async def test_health_and_metrics(client: httpx.AsyncClient) -> None:

@@ -335,6 +335,50 @@ async def test_unstorable_result_is_recorded_as_failure_not_looped(
     assert effects.calls["bad"] == 1
 
 
+@pytest.mark.parametrize("output", [math.nan, "o" * (1024 * 1024 + 10), {"x": "nul\x00"}],
+                         ids=["nan", "too-large", "nul"])
+async def test_unstorable_agent_output_fails_the_task_once(engine: Engine, output: Any) -> None:
+    """An agent returning what the log cannot store fails with agent_error on its first
+    run (the run used to crash, and every later claim re-ran the agent and crashed again)."""
+    runs = Counter[str]()
+
+    @engine.agent("poison-output")
+    async def poison_output(ctx: AgentContext, task_input: Any) -> Any:
+        runs["agent"] += 1
+        return output
+
+    task_id = await engine.submit("poison-output")
+    state = await drive(engine, task_id)
+    assert state.status is Status.FAILED
+    assert state.failure is not None and state.failure.reason == "agent_error"
+    assert "invalid payload" in (state.failure.error or "")
+    assert runs["agent"] == 1
+
+
+@pytest.mark.parametrize("usage", [{"input_tokens": -1000}, {"output_tokens": -1},
+                                   {"cost_usd": -5.0}, {"cost_usd": math.nan},
+                                   {"cost_usd": math.inf}],
+                         ids=["input", "output", "cost", "nan-cost", "inf-cost"])
+async def test_llm_usage_that_cannot_be_counted_is_a_failure_not_a_credit(
+        engine: Engine, usage: dict[str, Any]) -> None:
+    """Negative or non-finite usage is recorded as an InvalidUsage failure and leaves the
+    task's totals alone (it used to be added: -3,000 tokens let a task overrun max_tokens)."""
+
+    @engine.agent("credit")
+    async def credit(ctx: AgentContext, task_input: Any) -> Any:
+        try:
+            await ctx.llm("m", lambda _: LlmResponse(content="x", **usage), {})
+        except ToolError as error:
+            return error.error_type
+        return "counted"
+
+    task_id = await engine.submit("credit", budget=Budget(max_tokens=100))
+    state = await drive(engine, task_id)
+    assert state.output == "InvalidUsage"
+    assert (state.usage.input_tokens, state.usage.output_tokens) == (0, 0)
+    assert state.usage.cost_usd == 0.0
+
+
 async def test_deeply_nested_result_is_recorded_as_failure(engine: Engine) -> None:
     """JSON nested 20,000 deep from a tool acts once and is recorded as a typed failure."""
     effects = Effects()

@@ -55,3 +55,14 @@ def test_read_only_dsn_is_recognised() -> None:
     assert dsn_requests_read_only("postgresql://u@h/d?default_transaction_read_only=on")
     assert not dsn_requests_read_only("postgresql://u@h/d?default_transaction_read_only=off")
     assert not dsn_requests_read_only("postgresql://u@h/d")
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://[::1", "postgresql://host:port/db"])
+async def test_a_dsn_urllib_cannot_parse_is_a_typed_error(dsn: str) -> None:
+    """connect() on a malformed DSN raises DatabaseUnavailable ("invalid DSN"), never the
+    ValueError urllib raises inside asyncpg's parser."""
+    from wal_engine import connect
+    from wal_engine.errors import DatabaseUnavailable
+
+    with pytest.raises(DatabaseUnavailable, match="invalid DSN"):
+        await connect(dsn, development=True)

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -86,6 +87,17 @@ _decode_response = msgspec.msgpack.Decoder(StoredResponse).decode
 _decode_failure = msgspec.json.Decoder(StoredFailure).decode
 
 
+PATH_SAFE: Final = "/:@!$&'()*+,;="
+"""Characters of a decoded path sent as they are (RFC 3986 pchar and "/")."""
+
+
+def has_dot_segment(path: str) -> bool:
+    """Whether the decoded ``path`` has a ``.`` or ``..`` segment: the upstream (or httpx)
+    would resolve it, so ``/pay/../admin`` (or ``/pay%2F..%2Fadmin``), matched by the
+    ``/pay`` route, would reach ``/admin`` under that route's policy."""
+    return any(segment in (".", "..") for segment in path.split("/"))
+
+
 class Problem(Exception):
     """An answer of the gateway itself (RFC 9457 problem details)."""
 
@@ -138,6 +150,9 @@ class Gateway:
 
     async def handle(self, request: Request) -> Response:
         """Answer one request (the catch-all endpoint)."""
+        if has_dot_segment(request.url.path):
+            return Problem(400, "Bad Request", "the path must not contain '.' or '..' "
+                           "segments, encoded or not", "bad_path").response()
         route = self.match(request.url.path)
         if route is None:
             return Problem(404, "Not Found", "no route for this path", "no_route").response()
@@ -176,7 +191,10 @@ class Gateway:
             if len(body) > limit:
                 raise Problem(413, "Content Too Large", f"request bodies over {limit} bytes "
                               "are refused", "too_large")
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        # The path as matched (decoded), encoded again: a decoded "%3F" or "%23" must not
+        # become the upstream's query or fragment.
+        target = (quote(request.url.path, safe=PATH_SAFE)
+                  + (f"?{request.url.query}" if request.url.query else ""))
         headers = [(name, value) for name, value in request.headers.items()
                    if name not in HOP_HEADERS]
         return Incoming(route=route, method=request.method, target=target, headers=headers,

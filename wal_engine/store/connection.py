@@ -173,6 +173,10 @@ async def _connect_once(dsn: str, settings: dict[str, str] | None = None) -> asy
         raise DatabaseUnavailable(redact_dsn(dsn), str(error) or type(error).__name__) from error
     except asyncpg.exceptions.InvalidAuthorizationSpecificationError as error:
         raise DatabaseUnavailable(redact_dsn(dsn), str(error)) from error
+    except ValueError as error:
+        # urllib's, from inside asyncpg's DSN parser ("Invalid IPv6 URL", a port that is
+        # not a number): the same answer as the DSNs asyncpg itself calls invalid.
+        raise DatabaseUnavailable(redact_dsn(dsn), f"invalid DSN: {error}") from error
 
 
 def schema_sql() -> str:
