@@ -71,7 +71,7 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _missing(fixture: str, module: str) -> pytest.Failed:
+def _missing(fixture: str, module: str) -> BaseException:
     """The failure of a fixture whose optional dependency is not installed."""
     return pytest.fail.Exception(
         f"the wal-engine fixture {fixture!r} needs {module}, which is not installed: "
