@@ -238,9 +238,12 @@ def migrate(dsn: str | None, as_json: bool) -> None:
     before = result["schema_version_before"]
     was = "no schema" if before is None else f"schema version {before}"
     console().print(f"{result['dsn']}: {was} -> schema version {result['schema_version']}")
+    if result["next"]:
+        click.echo(f"next: {result['next']}", err=True)
 
 
 async def _migrate(dsn: str | None) -> dict[str, Any]:
+    from wal_engine.cli.setup import missing_roles_hint
     from wal_engine.store.connection import (
         SCHEMA_VERSION,
         _connect_once,
@@ -262,11 +265,12 @@ async def _migrate(dsn: str | None) -> dict[str, Any]:
             await apply_schema(connection)
             bars.update("migrating", 2, 3)
             after = await read_schema_version(connection)
+            hint = await missing_roles_hint(connection)
             bars.update("migrating", 3, 3)
         finally:
             await connection.close()
     return {"dsn": redact_dsn(resolved), "schema_version_before": before,
-            "schema_version": after, "applied": before != after}
+            "schema_version": after, "applied": before != after, "next": hint}
 
 
 @click.command()

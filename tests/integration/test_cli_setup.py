@@ -1,0 +1,89 @@
+"""``wal-engine setup``: schema plus least-privilege roles from the command line, the
+application DSN it prints working as the application role, and ``migrate``'s hint."""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+
+import asyncpg
+
+from tests.integration.test_cli_agents import cli, lines, one_error_line
+from wal_engine.cli.setup import scram_verifier
+from wal_engine.security import InsecureSetup
+from wal_engine.store.connection import SCHEMA_VERSION
+
+OWNER = "walt_setup_owner"
+APP = "walt_setup_app"
+STORED_PASSWORD = "SELECT rolpassword FROM pg_authid WHERE rolname = $1"
+
+
+async def test_migrate_hints_setup_and_setup_makes_a_working_app_role(
+        database_dsn: str) -> None:
+    """A superuser's migrate names `wal-engine setup`; setup's DSN then runs commands as
+    the application role, and the hint is gone."""
+    (migrated,) = lines((await cli("migrate", "--dsn", database_dsn, "--json")).stdout)
+    assert "wal-engine setup --dsn ADMIN_DSN" in migrated["next"]
+    human = await cli("migrate", "--dsn", database_dsn)
+    assert "next: no application role is set up" in human.stderr
+    made = await cli("setup", "--dsn", database_dsn, "--owner-role", OWNER, "--app-role", APP,
+                     "--json")
+    assert made.exit_code == 0, made.output
+    (result,) = lines(made.stdout)
+    assert result["password_generated"] is True and result["schema_version"] == SCHEMA_VERSION
+    app_dsn = result["app_dsn"]
+    assert app_dsn.startswith(f"postgresql://{APP}:") and app_dsn.endswith(
+        database_dsn.rsplit("@", 1)[1])
+    submitted = await cli("submit", "anything", "--input", "{}", "--dsn", app_dsn, "--json")
+    assert submitted.exit_code == 0, submitted.output
+    listed = lines((await cli("tasks", "--dsn", app_dsn, "--json")).stdout)
+    assert [t["agent"] for t in listed] == ["anything"]
+    connection = await asyncpg.connect(app_dsn)
+    try:
+        assert await connection.fetchval("SELECT current_user") == APP
+    finally:
+        await connection.close()
+    (again,) = lines((await cli("migrate", "--dsn", database_dsn, "--json")).stdout)
+    assert again["next"] is None
+
+
+async def test_given_password_is_stored_as_postgres_own_scram_verifier(
+        database_dsn: str) -> None:
+    """The password given in WAL_ENGINE_APP_PASSWORD is stored as the verifier sent (not
+    re-hashed), and the verifier function matches PostgreSQL's for the same salt."""
+    made = await cli("setup", "--dsn", database_dsn, "--owner-role", OWNER, "--app-role", APP,
+                     env={"WAL_ENGINE_APP_PASSWORD": "pä55 w0rd'"})
+    assert made.exit_code == 0, made.output
+    assert f"{APP}:{urllib.parse.quote('pä55 w0rd', safe='')}%27@" in made.stdout
+    assert "generated" not in made.stdout
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        stored = await admin.fetchval(STORED_PASSWORD, APP)
+        await admin.execute("ALTER ROLE walt_setup_app PASSWORD 'reference pw'")
+        reference = await admin.fetchval(STORED_PASSWORD, APP)
+    finally:
+        await admin.close()
+    assert stored.startswith("SCRAM-SHA-256$4096:")
+    iterations, rest = reference.removeprefix("SCRAM-SHA-256$").split(":", 1)
+    salt = base64.b64decode(rest.split("$", 1)[0])
+    assert scram_verifier("reference pw", salt=salt, iterations=int(iterations)) == reference
+
+
+async def test_setup_refuses_bad_roles_and_non_superusers(database_dsn: str) -> None:
+    """Equal role names are a usage error; a non-superuser DSN is refused by name."""
+    same = await cli("setup", "--dsn", database_dsn, "--owner-role", "x", "--app-role", "x")
+    assert same.exit_code == 2 and "must differ" in one_error_line(same)
+    made = await cli("setup", "--dsn", database_dsn, "--owner-role", OWNER, "--app-role", APP,
+                     "--password", "pw", "--json")
+    app_dsn = lines(made.stdout)[0]["app_dsn"]
+    refused = await cli("setup", "--dsn", app_dsn)
+    assert refused.exit_code == 3
+    assert f"role '{APP}' is not a superuser" in one_error_line(refused)
+    assert "pw@" not in refused.output
+
+
+def test_refusal_names_the_cli_flag_and_the_variable() -> None:
+    """The security self-test's refusal says how to relax it from the CLI and the env."""
+    message = str(InsecureSetup("postgres", ["it is a superuser"]))
+    assert "--development" in message and "WAL_ENGINE_DEVELOPMENT=1" in message
+    assert "wal-engine setup --dsn ADMIN_DSN" in message
