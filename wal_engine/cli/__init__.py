@@ -18,6 +18,7 @@ from wal_engine import __version__
 from wal_engine.cli.anchoring import anchor, anchor_keygen
 from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
+from wal_engine.cli.embedded import embedded
 from wal_engine.cli.gateway import gateway
 from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
 from wal_engine.cli.setup import setup
@@ -34,7 +35,7 @@ def main(tenant: str | None) -> None:
 
 for command in (demo, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
-                gateway):
+                gateway, embedded):
     main.add_command(command)
 
 __all__ = ["main"]
