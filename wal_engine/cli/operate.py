@@ -85,6 +85,9 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
                 runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
             except ValueError as error:
                 raise CliError(f"worker settings: {error}", EXIT_USAGE) from error
+            from wal_engine.registry import record_worker
+
+            await record_worker(engine.database, runner.worker_id, engine.agents)
             # Signal handlers need the main thread (a test runner may call us from another).
             in_main_thread = threading.current_thread() is threading.main_thread()
             await runner.run(install_signal_handlers=in_main_thread, until_idle=until_idle)
