@@ -92,9 +92,9 @@ async def _submit(agent: str, input_json: str, task_id: str | None,
                 known = ", ".join(sorted(engine.agents))
                 raise CliError(f"agent {agent!r} is not registered by {agents_spec} "
                                f"(it registers: {known})", EXIT_USAGE)
-        else:
-            await _warn_if_no_worker_serves(engine, agent)
         chosen = await engine.submit(agent, task_input, budget=budget, task_id=task_id)
+        if agents_spec is None:
+            await _warn_if_no_worker_serves(engine, agent)
         head = await engine.head(chosen)
     if as_json:
         emit({"task_id": chosen, "agent": head.agent, "status": str(head.status),
