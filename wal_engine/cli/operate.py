@@ -201,10 +201,19 @@ def _print_replay(report: ReplayReport) -> None:
         out.print(f"ok: today's code matches the history, then raises {report.error}")
 
 
+def _check_html_path(_context: click.Context, _parameter: click.Parameter,
+                     value: Path) -> Path:
+    parent = value.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"directory {str(parent)!r} does not exist")
+    return value
+
+
 @click.command()
 @click.argument("task_id", metavar="TASK")
 @click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False,
-              writable=True, path_type=Path), help="The HTML file to write.")
+              writable=True, path_type=Path), callback=_check_html_path,
+              help="The HTML file to write (its directory must exist).")
 @click.option("--from", "from_seq", type=click.IntRange(1), default=1, help="First seq drawn.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq drawn.")
 @dsn_option
