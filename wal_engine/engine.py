@@ -380,6 +380,7 @@ async def connect(
     tasks_max: int | None = limits.tasks_max,
     events_per_task_max: int = limits.history_events_max,
     llm_spend_max_usd: float | None = None,
+    recovery_attempts_max: int = recovery_attempts_max_default,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
@@ -409,6 +410,8 @@ async def connect(
             hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
         secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
             and LLM requests just before each attempt; the values are never stored.
+        recovery_attempts_max: How many times a task may be claimed again after its
+            runs were lost (crashes, expired leases) before it is dead-lettered.
         development: Whether a refusal of the start-up security self-test
             (:mod:`wal_engine.security`: superuser, BYPASSRLS, owner of the log) is only
             logged. None decides from the setup: the embedded server and
@@ -423,6 +426,8 @@ async def connect(
     if llm_spend_max_usd is not None and not (
             math.isfinite(llm_spend_max_usd) and llm_spend_max_usd >= 0):
         raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")
+    if recovery_attempts_max < 1:
+        raise ConfigurationError("recovery_attempts_max must be at least 1")
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
         require_synchronous_commit=require_synchronous_commit, development=development,
@@ -430,6 +435,7 @@ async def connect(
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
                   snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,
-                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd)
+                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd,
+                  recovery_attempts_max=recovery_attempts_max)
 
 

@@ -300,17 +300,20 @@ class MainGroup(click.Group):
 
 
 @asynccontextmanager
-async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[Engine]:
+async def open_engine(dsn: str | None, *, write: bool = False,
+                      **options: Any) -> AsyncIterator[Engine]:
     """An engine on ``dsn`` that never migrates; writers insist on synchronous commit.
 
     The security self-test runs as in any engine; ``--development`` (see
     :func:`development_option`) lets a superuser or an owner of the log through.
+    ``options`` are more keyword arguments of :func:`~wal_engine.engine.connect`.
     """
     from wal_engine.engine import connect
 
     engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
                            pool_size_max=cli_pool_size_max,
-                           development=development_requested(), tenant=current_tenant())
+                           development=development_requested(), tenant=current_tenant(),
+                           **options)
     try:
         yield engine
     finally:

@@ -52,6 +52,14 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
               help="Lease renewal interval, at most a third of the TTL (default 15000).")
 @click.option("--poll-ms", type=click.IntRange(10), default=None,
               help="Fallback claim interval (default 1000).")
+@click.option("--sweep-ms", type=click.IntRange(10), default=None,
+              help="Longest wait between two sweeps for expired leases (default 5000).")
+@click.option("--drain-timeout-s", type=click.FloatRange(0), default=None,
+              help="How long a graceful stop waits for runs to reach a durable point "
+                   "(default 30).")
+@click.option("--recovery-attempts-max", type=click.IntRange(1), default=None,
+              help="Claims of a task whose runs were lost before it is dead-lettered "
+                   "(default 20).")
 @click.option("--until-idle", is_flag=True,
               help="Return once no task is running and none is due.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
@@ -62,24 +70,31 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
 @dsn_option
 @development_option
 def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
-           heartbeat_ms: int | None, poll_ms: int | None, until_idle: bool,
-           metrics_port: int | None, metrics_addr: str, dsn: str | None) -> None:
+           heartbeat_ms: int | None, poll_ms: int | None, sweep_ms: int | None,
+           drain_timeout_s: float | None, recovery_attempts_max: int | None,
+           until_idle: bool, metrics_port: int | None, metrics_addr: str,
+           dsn: str | None) -> None:
     """Run a worker for the agents of MODULE:ATTR until SIGTERM (then hand tasks back)."""
     timings = {name: value for name, value in (("lease_ttl_ms", lease_ttl_ms),
                                                ("heartbeat_ms", heartbeat_ms),
-                                               ("poll_ms", poll_ms)) if value is not None}
+                                               ("poll_ms", poll_ms), ("sweep_ms", sweep_ms),
+                                               ("drain_timeout_s", drain_timeout_s))
+               if value is not None}
+    engine_options = ({} if recovery_attempts_max is None
+                      else {"recovery_attempts_max": recovery_attempts_max})
     run(_worker(agents_spec, concurrency, worker_id, timings, until_idle, metrics_port,
-                metrics_addr, dsn), dsn=dsn, log_level="info")
+                metrics_addr, dsn, engine_options), dsn=dsn, log_level="info")
 
 
 async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
-                  timings: dict[str, int], until_idle: bool, metrics_port: int | None,
-                  metrics_addr: str, dsn: str | None) -> None:
+                  timings: dict[str, Any], until_idle: bool, metrics_port: int | None,
+                  metrics_addr: str, dsn: str | None, engine_options: dict[str, Any]
+                  ) -> None:
     from wal_engine import metrics
 
     server = None if metrics_port is None else metrics.serve(metrics_port, metrics_addr)
     try:
-        async with open_engine(dsn, write=True) as engine:
+        async with open_engine(dsn, write=True, **engine_options) as engine:
             await install_agents(engine, agents_spec)
             try:
                 runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
