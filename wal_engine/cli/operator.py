@@ -108,7 +108,7 @@ def pending(dsn: str | None, as_json: bool) -> None:
             shown = (repr(item["arguments"]) if item["arguments"] is not None
                      else f"arguments sha256 {item['args_hash']}")
             out.print(f"{task}: approval of {item['tool']}({shown}): "
-                      f"wal-engine approve {item['task_id']} {item['call_id']}",
+                      f"wal-engine approve {item['task_id']} {item['call_id']} --approver NAME",
                       soft_wrap=True, markup=False)
         elif item["waiting_for"] == "reconcile":
             out.print(f"{task}: the outcome of {item['tool']}({item['arguments']!r}) is "
