@@ -18,6 +18,7 @@ import msgspec
 from wal_engine.cli.common import (
     EXIT_DATABASE,
     EXIT_FINDING,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
     console,
@@ -86,6 +87,27 @@ def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_
                 metrics_addr, dsn, engine_options), dsn=dsn, log_level="info")
 
 
+async def _run_worker(runner: Any, until_idle: bool) -> None:
+    """Run the worker; SIGTERM and Ctrl-C drain it, a second Ctrl-C stops it at once."""
+    from wal_engine.cli.stopping import StopHandlers
+
+    running = asyncio.create_task(runner.run(until_idle=until_idle))
+    # Signal handlers need the main thread (a test runner may call us from another).
+    if threading.current_thread() is not threading.main_thread():
+        await running
+        return
+    handlers = StopHandlers(runner, running)
+    handlers.install()
+    try:
+        await running
+    except asyncio.CancelledError:
+        if not handlers.forced:
+            raise
+        raise CliError("interrupted: stopped before the drain ended", EXIT_INTERRUPTED) from None
+    finally:
+        handlers.remove()
+
+
 async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
                   timings: dict[str, Any], until_idle: bool, metrics_port: int | None,
                   metrics_addr: str, dsn: str | None, engine_options: dict[str, Any]
@@ -103,9 +125,7 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
             from wal_engine.registry import record_worker
 
             await record_worker(engine.database, runner.worker_id, engine.agents)
-            # Signal handlers need the main thread (a test runner may call us from another).
-            in_main_thread = threading.current_thread() is threading.main_thread()
-            await runner.run(install_signal_handlers=in_main_thread, until_idle=until_idle)
+            await _run_worker(runner, until_idle)
     finally:
         if server is not None:
             await asyncio.to_thread(server.shutdown)

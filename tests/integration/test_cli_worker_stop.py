@@ -1,0 +1,72 @@
+"""Ctrl-C on ``wal-engine worker``: the first drains with a countdown on standard error,
+the second stops at once (exit 130), leaving the running task to its lease.
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from wal_engine.context import AgentContext
+from wal_engine.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "tests.integration.test_cli_worker_stop:register"
+SLOW_TOOL_S = 60.0
+
+
+def register(engine: Engine) -> None:
+    """An agent whose one tool takes a minute (no durable point to hand back at)."""
+
+    async def slow(args: dict[str, Any]) -> str:
+        await asyncio.sleep(args["seconds"])
+        return "done"
+
+    @engine.agent("slow-one")
+    async def slow_one(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("slow", slow, {"seconds": task_input["seconds"]})
+
+
+async def _until(check: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_second_ctrl_c_forces_the_exit(engine: Engine) -> None:
+    """Ctrl-C once: 'draining ... Ctrl-C again' lines while the slow tool runs; Ctrl-C
+    twice: exit 130 within seconds, not after the 20 s drain timeout."""
+    register(engine)
+    task_id = await engine.submit("slow-one", {"seconds": SLOW_TOOL_S})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WAL_ENGINE_LOG_FORMAT": "json"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "wal_engine.cli", "worker", "--agents", SPEC,
+         "--lease-ttl-ms", "900", "--heartbeat-ms", "200", "--poll-ms", "50",
+         "--drain-timeout-s", "20", "--dsn", engine.database.dsn],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        async def running() -> bool:
+            return str((await engine.head(task_id)).status) == "RUNNING"
+
+        await _until(running, "the worker to claim the task")
+        process.send_signal(signal.SIGINT)
+        await asyncio.sleep(1.5)
+        process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+        took_s = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    text = stderr.decode()
+    assert process.returncode == 130, text
+    assert "Ctrl-C again to stop now" in text and "stopping now: 1 task(s)" in text
+    assert took_s < 10, took_s
+    assert str((await engine.head(task_id)).status) == "RUNNING"  # left to its lease
