@@ -1,5 +1,5 @@
 """Ctrl-C on ``wal-engine worker``: the first drains with a countdown on standard error,
-the second stops at once (exit 130), leaving the running task to its lease.
+the second stops at once (exit 130), leaving the running task to its lease."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ def register(engine: Engine) -> None:
         return await ctx.tool("slow", slow, {"seconds": task_input["seconds"]})
 
 
+def _start_worker(dsn: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WAL_ENGINE_LOG_FORMAT": "json"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "wal_engine.cli", "worker", "--agents", SPEC,
+         "--lease-ttl-ms", "900", "--heartbeat-ms", "200", "--poll-ms", "50",
+         "--drain-timeout-s", "20", "--dsn", dsn],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 async def _until(check: Any, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():
@@ -44,12 +53,7 @@ async def test_second_ctrl_c_forces_the_exit(engine: Engine) -> None:
     twice: exit 130 within seconds, not after the 20 s drain timeout."""
     register(engine)
     task_id = await engine.submit("slow-one", {"seconds": SLOW_TOOL_S})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WAL_ENGINE_LOG_FORMAT": "json"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "wal_engine.cli", "worker", "--agents", SPEC,
-         "--lease-ttl-ms", "900", "--heartbeat-ms", "200", "--poll-ms", "50",
-         "--drain-timeout-s", "20", "--dsn", engine.database.dsn],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = _start_worker(engine.database.dsn)
     try:
         async def running() -> bool:
             return str((await engine.head(task_id)).status) == "RUNNING"
