@@ -22,6 +22,19 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
 
 
+def _block_with(marker: str) -> str:
+    (block,) = [text for text in _python_blocks() if marker in text]
+    return block
+
+
+def test_every_python_block_compiles() -> None:
+    """No README example has a syntax error (top-level await included)."""
+    blocks = _python_blocks()
+    assert len(blocks) >= 3
+    for number, block in enumerate(blocks):
+        compile(block, f"README.md python block {number + 1}", "exec")
+
+
 def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=STEP_TIMEOUT_S)
@@ -32,7 +45,7 @@ def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
 def test_the_agent_example_runs_as_written(database_dsn: str, tmp_path: Path) -> None:
     """triage.py's main() parks the task on its sleep; timer fire, a worker, the signal,
     pending and approve (the README's shell steps) take it to COMPLETED."""
-    (tmp_path / "triage.py").write_text(_python_blocks()[0])
+    (tmp_path / "triage.py").write_text(_block_with("async def main()"))
     env = {**os.environ, "WAL_ENGINE_DSN": database_dsn, "WAL_ENGINE_LOG_LEVEL": "warning"}
     printed = _run([sys.executable, "triage.py"], tmp_path, env).stdout
     task_id, status = printed.strip().splitlines()[-1].split(": ")
@@ -60,7 +73,7 @@ def test_the_crash_test_example_runs_as_written(pg_server: TestServer, tmp_path:
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\nasyncio_mode = "auto"\n'
         'asyncio_default_fixture_loop_scope = "function"\n')
-    (tmp_path / "test_billing.py").write_text(_python_blocks()[1])
+    (tmp_path / "test_billing.py").write_text(_block_with("wal_crash_machine"))
     env = {k: v for k, v in os.environ.items()
            if k not in ("WAL_ENGINE_CRASH_PROFILE", "RELIABILITY_DEEP", "PYTEST_ADDOPTS")}
     env["WAL_ENGINE_TEST_DSN"] = pg_server.admin_dsn
