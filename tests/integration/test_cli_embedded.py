@@ -27,10 +27,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """A data directory whose server, if any, is stopped afterwards."""
-    path = tmp_path / "pgdata"
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One data directory for the module (one initdb), its server stopped afterwards."""
+    path = tmp_path_factory.mktemp("embedded-cli") / "pgdata"
     yield path
     EmbeddedPostgres(path).stop("immediate")
 
