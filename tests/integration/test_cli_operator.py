@@ -85,9 +85,13 @@ async def test_pending_lists_each_wait_and_reconcile_resolves_one(engine: Engine
                      "--failed", "x", "--dsn", dsn)
     assert both.exit_code == 2
     wrong = await cli("reconcile", signal_task, "tool-0", "--failed", "x", "--dsn", dsn)
-    assert wrong.exit_code == 3 and "not waiting for a reconciliation" in one_error_line(wrong)
+    assert wrong.exit_code == 2 and "cannot be reconciled" in one_error_line(wrong)
+    early = await cli("reconcile", unsafe_task, escalated["call_id"], "--result", "{}",
+                      "--dsn", dsn)
+    assert early.exit_code == 2 and "cannot be reconciled" in one_error_line(early)
+    # The in-process "worker" that made the attempt is gone: --force, as an operator would.
     done = await cli("reconcile", unsafe_task, escalated["call_id"], "--result",
-                     '{"charged": 5}', "--dsn", dsn, "--json")
+                     '{"charged": 5}', "--force", "--dsn", dsn, "--json")
     assert done.exit_code == 0, done.output
     final = await drive(engine, unsafe_task)
     assert str(final.status) == "COMPLETED" and final.output == {"charged": 5}

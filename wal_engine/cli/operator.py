@@ -9,9 +9,7 @@ from typing import Any, Final
 import click
 
 from wal_engine.cli.common import (
-    EXIT_REFUSED,
     EXIT_USAGE,
-    CliError,
     console,
     development_option,
     dsn_option,
@@ -113,7 +111,8 @@ def pending(dsn: str | None, as_json: bool) -> None:
         elif item["waiting_for"] == "reconcile":
             out.print(f"{task}: the outcome of {item['tool']}({item['arguments']!r}) is "
                       f"unknown: wal-engine reconcile {item['task_id']} {item['call_id']} "
-                      "--result JSON | --failed REASON", soft_wrap=True, markup=False)
+                      "--result JSON | --failed REASON [--force]", soft_wrap=True,
+                      markup=False)
         else:
             out.print(f"{task}: signal {item['signal']!r}: wal-engine signal "
                       f"{item['task_id']} {item['signal']} --payload JSON",
@@ -127,16 +126,19 @@ def pending(dsn: str | None, as_json: bool) -> None:
               help="The call did happen, with this result.")
 @click.option("--failed", "failed_reason", default=None, metavar="REASON",
               help="The call did not happen (or failed), for this reason.")
+@click.option("--force", is_flag=True,
+              help="Answer before the attempt's grace period ends: only once you know the "
+                   "worker that made it is gone (its process or host stopped).")
 @dsn_option
 @development_option
 @json_option
 def reconcile(task_id: str, call_id: str, result_json: str | None, failed_reason: str | None,
-              dsn: str | None, as_json: bool) -> None:
+              force: bool, dsn: str | None, as_json: bool) -> None:
     """Tell TASK what its escalated call CALL really did (`wal-engine pending` lists them)."""
     if (result_json is None) == (failed_reason is None):
         raise click.UsageError("give exactly one of --result JSON and --failed REASON")
     result = parse_json(result_json, "--result") if result_json is not None else None
-    signal_id = run(_reconcile(task_id, call_id, result, failed_reason, dsn), dsn=dsn)
+    signal_id = run(_reconcile(task_id, call_id, result, failed_reason, force, dsn), dsn=dsn)
     if as_json:
         emit({"task_id": task_id, "call_id": call_id, "signal_id": signal_id})
     else:
@@ -144,15 +146,12 @@ def reconcile(task_id: str, call_id: str, result_json: str | None, failed_reason
 
 
 async def _reconcile(task_id: str, call_id: str, result: Any, failed: str | None,
-                     dsn: str | None) -> int:
+                     force: bool, dsn: str | None) -> int:
+    # engine.reconcile checks that the call is escalated and awaited, and the grace period;
+    # its ReconcileRefused is reported like any refusal (exit 3).
     async with open_engine(dsn, write=True) as engine:
-        state = await engine.state(task_id)
-        waiting = state.waiting_on.signal if state.waiting_on is not None else None
-        if waiting != f"{RECONCILE_PREFIX}{call_id}":
-            raise CliError(f"task {task_id!r} is not waiting for a reconciliation of "
-                           f"{call_id!r} (waiting on: {waiting or 'nothing'}); "
-                           "`wal-engine pending` lists what is", EXIT_REFUSED)
-        return await engine.reconcile(task_id, call_id, result=result, error=failed)
+        return await engine.reconcile(task_id, call_id, result=result, error=failed,
+                                      force=force)
 
 
 @click.group()

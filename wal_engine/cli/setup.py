@@ -2,19 +2,15 @@
 says when they are missing.
 
 ``setup --dsn ADMIN_DSN`` connects as a superuser, applies the schema and ``security.sql``
-(:func:`wal_engine.security.apply_security`: an owner role that cannot log in, an
-application role that can only append), gives the application role a password (generated
-unless given) and prints the DSN the application should use. The password is sent as a
-SCRAM-SHA-256 verifier computed here, so the plain text never reaches the server (nor its
-statement log).
+(:func:`wal_engine.security.apply_security`: an owner role and an application group that
+cannot log in, the group only able to append), then creates the tenant's login role in
+that group (:func:`wal_engine.tenants.create_tenant`, the role ``wal-engine tenant create``
+makes) with a given or generated password, and prints the DSN the application should use.
+The password reaches the server only as a SCRAM-SHA-256 verifier.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import secrets
 from typing import Any, Final
 
 import asyncpg
@@ -24,30 +20,19 @@ from wal_engine.cli.common import (
     EXIT_REFUSED,
     CliError,
     console,
+    current_tenant,
     emit,
     json_option,
     run,
 )
-from wal_engine.security import (
-    APP_ROLE,
-    DEVELOPMENT_ENV,
-    OWNER_ROLE,
-    apply_security,
-    dsn_for_role,
-)
+from wal_engine.security import APP_ROLE, DEVELOPMENT_ENV, OWNER_ROLE, apply_security
 
 APP_PASSWORD_ENV: Final = "WAL_ENGINE_APP_PASSWORD"
-scram_iterations: Final = 4096
-"""PostgreSQL's default ``scram_iterations``."""
-generated_password_bytes: Final = 24
 role_name_max_chars: Final = 63
 """PostgreSQL's NAMEDATALEN - 1: a longer name would be truncated silently."""
 
 IS_SUPERUSER: Final = (
     "SELECT current_user AS role, rolsuper FROM pg_roles WHERE rolname = current_user")
-
-# The verifier is quoted by the server (format %L): ALTER ROLE takes no bind parameters.
-SET_PASSWORD: Final = "SELECT format('ALTER ROLE %I WITH LOGIN PASSWORD %L', $1::text, $2::text)"
 
 # Whether the log's table belongs to a role that can log in: then security.sql has not been
 # applied (it hands every engine object to a NOLOGIN owner).
@@ -65,25 +50,6 @@ SETUP_HINT: Final = (
     f"server, --development or {DEVELOPMENT_ENV}=1)")
 
 
-def scram_verifier(password: str, *, salt: bytes | None = None,
-                   iterations: int = scram_iterations) -> str:
-    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802/7677).
-
-    The password is used as UTF-8 without SASLprep, as PostgreSQL itself does for a
-    password that SASLprep would change.
-    """
-    salt = salt if salt is not None else secrets.token_bytes(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-
-    def b64(raw: bytes) -> str:
-        return base64.b64encode(raw).decode()
-
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-
-
 def _check_role_name(value: str, option: str) -> str:
     if not value or len(value) > role_name_max_chars:
         raise click.UsageError(f"{option} must be 1 to {role_name_max_chars} characters")
@@ -96,40 +62,46 @@ def _check_role_name(value: str, option: str) -> str:
 @click.option("--owner-role", default=OWNER_ROLE, show_default=True,
               help="The NOLOGIN role that owns every engine object.")
 @click.option("--app-role", default=APP_ROLE, show_default=True,
-              help="The login role the application and its workers connect as.")
+              help="The NOLOGIN group holding the runtime's privileges.")
+@click.option("--role", "login_role", default=None,
+              help="The tenant's login role (default: wal_ and a hash of database and "
+                   "tenant, as `wal-engine tenant create`).")
 @click.option("--password", envvar=APP_PASSWORD_ENV, default=None,
-              help=f"The application role's password (default: {APP_PASSWORD_ENV}, else "
-                   "a generated one, printed once).")
+              help=f"The login role's password, 16+ characters (default: {APP_PASSWORD_ENV}, "
+                   "else a generated one, printed once).")
 @json_option
-def setup(admin_dsn: str, owner_role: str, app_role: str, password: str | None,
-          as_json: bool) -> None:
-    """Apply the schema and the least-privilege roles; print the application's DSN."""
+def setup(admin_dsn: str, owner_role: str, app_role: str, login_role: str | None,
+          password: str | None, as_json: bool) -> None:
+    """Apply the schema, the least-privilege roles and the tenant's login role; print the
+    application's DSN (``wal-engine --tenant T setup`` for tenant T)."""
     _check_role_name(owner_role, "--owner-role")
     _check_role_name(app_role, "--app-role")
     if owner_role == app_role:
         raise click.UsageError("--owner-role and --app-role must differ")
-    generated = password is None
-    secret = password if password is not None else secrets.token_urlsafe(
-        generated_password_bytes)
-    result = run(_setup(admin_dsn, owner_role, app_role, secret), dsn=admin_dsn)
-    result["password_generated"] = generated
+    tenant = current_tenant() or "default"
+    result = run(_setup(admin_dsn, owner_role, app_role, tenant, login_role, password),
+                 dsn=admin_dsn)
+    result["password_generated"] = password is None
     if as_json:
         emit(result)
         return
     out = console()
-    out.print(f"schema version {result['schema_version']}; owner role {owner_role} (NOLOGIN, "
-              f"owns the log), application role {app_role} (LOGIN, appends only)")
-    shown = " (generated; shown only now)" if generated else ""
+    out.print(f"schema version {result['schema_version']}; owner role {owner_role} and "
+              f"application group {app_role} (NOLOGIN); tenant {tenant!r} logs in as "
+              f"{result['role']}", soft_wrap=True, markup=False)
+    shown = " (generated; shown only now)" if password is None else ""
     out.print(f"application DSN{shown}:", soft_wrap=True)
-    out.print(f"  {result['app_dsn']}", soft_wrap=True)
+    out.print(f"  {result['app_dsn']}", soft_wrap=True, markup=False)
     out.print("next: export WAL_ENGINE_DSN='<that DSN>' and run `wal-engine worker --agents "
-              "module:register`; run `wal-engine setup` again after every upgrade",
-              soft_wrap=True)
+              "module:register`; run `wal-engine setup` again after every upgrade (an "
+              "existing tenant role is kept: `wal-engine tenant rotate` changes its password)",
+              soft_wrap=True, markup=False)
 
 
-async def _setup(admin_dsn: str, owner_role: str, app_role: str,
-                 password: str) -> dict[str, Any]:
+async def _setup(admin_dsn: str, owner_role: str, app_role: str, tenant: str,
+                 login_role: str | None, password: str | None) -> dict[str, Any]:
     from wal_engine.store.connection import _connect_once, read_schema_version
+    from wal_engine.tenants import TenantExists, create_tenant
 
     connection = await _connect_once(admin_dsn)
     try:
@@ -140,14 +112,19 @@ async def _setup(admin_dsn: str, owner_role: str, app_role: str,
                            "superuser (it creates roles and hands the log to its owner)",
                            EXIT_REFUSED)
         await apply_security(connection, owner_role=owner_role, app_role=app_role)
-        statement = await connection.fetchval(SET_PASSWORD, app_role,
-                                              scram_verifier(password))
-        await connection.execute(statement)
+        try:
+            credentials = await create_tenant(connection, tenant, dsn=admin_dsn,
+                                              password=password, role=login_role,
+                                              app_role=app_role)
+        except TenantExists as error:
+            raise CliError(f"{error}; the schema and roles are up to date. `wal-engine "
+                           f"--tenant {tenant} tenant rotate` gives it a new password",
+                           EXIT_REFUSED) from error
         version = await read_schema_version(connection)
     finally:
         await connection.close()
-    return {"app_dsn": dsn_for_role(admin_dsn, app_role, password), "app_role": app_role,
-            "owner_role": owner_role, "schema_version": version}
+    return {"app_dsn": credentials.dsn, "role": credentials.role, "tenant": tenant,
+            "app_role": app_role, "owner_role": owner_role, "schema_version": version}
 
 
 async def missing_roles_hint(connection: asyncpg.Connection) -> str | None:
