@@ -1,5 +1,5 @@
 """Ctrl-C on ``wal-engine worker``: the first drains with a countdown on standard error,
-the second stops at once (exit 130), leaving the running task to its lease."""
+the second stops at once (exit 130), handing the running task back."""
 
 from __future__ import annotations
 
@@ -78,6 +78,6 @@ async def test_second_ctrl_c_forces_the_exit(engine: Engine, tmp_path: Path) -> 
                 process.wait(10)
     text = log_path.read_text()
     assert process.returncode == 130, text
-    assert "stopping now: 1 task(s) left to their leases" in text
+    assert "stopping now: cancelling 1 task run(s)" in text
     assert took_s < DRAIN_TIMEOUT_S / 2, took_s
-    assert str((await engine.head(task_id)).status) == "RUNNING"  # left to its lease
+    assert str((await engine.head(task_id)).status) == "RESUMING"  # handed back

@@ -1,7 +1,8 @@
 """How ``wal-engine worker`` stops on a signal: SIGTERM and a first Ctrl-C drain (no new
 claims; running tasks are handed back at their next durable point), with a countdown on
-standard error; a second Ctrl-C stops at once (the tasks still running are left to their
-leases, which any worker breaks once they expire, so nothing is lost, only delayed)."""
+standard error; a second Ctrl-C stops at once: the worker's run is cancelled, which cancels
+its task runs and hands their tasks back as far as it can; a task it could not hand back
+resumes on another worker once its lease expires (nothing is lost, only delayed)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class StopHandlers:
             return
         self.forced = True
         running = len(self.runner.runs)
-        click.echo(f"stopping now: {running} task(s) left to their leases (another worker "
-                   f"resumes them once the lease expires)", err=True)
+        click.echo(f"stopping now: cancelling {running} task run(s); a task not handed back "
+                   "resumes on another worker once its lease expires", err=True)
         self.running.cancel()
 
     async def _count_down(self) -> None:
