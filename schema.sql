@@ -1051,3 +1051,23 @@ CREATE OR REPLACE TRIGGER wal_tasks_budget
 -- ======================================================== end of history and caps (issue 16)
 
 INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
+
+-- Worker registrations
+-- --------------------
+-- wal_workers: one row per worker id and tenant, the agents it serves and when it last
+-- said so (at start-up). Advisory only: nothing claims through it; `wal-engine submit`
+-- reads it to warn about an agent that no worker has registered recently. Not part of
+-- the log, so rows are updated in place.
+CREATE TABLE IF NOT EXISTS wal_workers (
+    tenant     text NOT NULL DEFAULT current_setting('wal.tenant'),
+    worker_id  text NOT NULL,
+    agents     text[] NOT NULL,
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT wal_workers_pkey PRIMARY KEY (tenant, worker_id)
+);
+ALTER TABLE wal_workers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE wal_workers FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS wal_tenant_isolation ON wal_workers;
+CREATE POLICY wal_tenant_isolation ON wal_workers
+    USING (tenant = current_setting('wal.tenant', true))
+    WITH CHECK (tenant = current_setting('wal.tenant', true));

@@ -53,6 +53,8 @@
 --   wal_signals                       SELECT: signals are written by wal_send_signal only.
 --   wal_tenants                       SELECT: task counts are kept by wal_count_task (a
 --                                     SECURITY DEFINER trigger), caps set by the owner.
+--   wal_workers                       SELECT, INSERT; UPDATE of agents and seen_at: the
+--                                     advisory record of which agents workers serve.
 --   row-level security                every table above but wal_transitions and
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
@@ -163,6 +165,9 @@ BEGIN
     EXECUTE format('GRANT SELECT ON wal_tenant_roles TO %I', app_role);
     EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
                    'completed_at) ON wal_idempotency TO %I', app_role);
+    -- Worker registrations (advisory: which agents workers serve, read by `submit`).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE (agents, seen_at) ON wal_workers TO %I',
+                   app_role);
 
     -- Functions: the lease-changing ones run with the owner's rights and a fixed path ---------
     FOR item IN

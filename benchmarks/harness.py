@@ -526,7 +526,8 @@ def write_json(
 
 
 def argument_parser(
-    name: str, description: str | None, *, rounds: int, ops: int
+    name: str, description: str | None, *, rounds: int, ops: int,
+    database: str = BENCH_DATABASE,
 ) -> argparse.ArgumentParser:
     """The options every benchmark takes: --dsn, --quick, --rounds, --ops, --json/--no-json."""
     parser = argparse.ArgumentParser(
@@ -535,7 +536,7 @@ def argument_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--dsn", help=f"PostgreSQL DSN used as given (default: database {BENCH_DATABASE!r} "
+        "--dsn", help=f"PostgreSQL DSN used as given (default: database {database!r} "
         f"on ${DSN_ENV}'s server, else on the embedded server)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")

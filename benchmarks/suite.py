@@ -354,7 +354,8 @@ async def run_resume_workloads(run: Run) -> None:
 
 def argument_parser() -> argparse.ArgumentParser:
     """The suite's options: the harness's, plus peers and history sizes."""
-    parser = harness.argument_parser(NAME, __doc__, rounds=20, ops=50)
+    parser = harness.argument_parser(NAME, __doc__, rounds=20, ops=50,
+                                     database=SUITE_DATABASE)
     parser.prog = "python -m benchmarks"
     parser.add_argument(
         "--peers", type=lambda text: [name for name in text.split(",") if name],

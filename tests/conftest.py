@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -84,3 +84,44 @@ async def engine(database_dsn: str) -> AsyncIterator[Any]:
     connected = await connect(database_dsn, migrate=False, pool_size_max=10)
     yield connected
     await connected.close()
+
+
+# ----------------------------------------------------------------------------- figures
+# Fault and machine tests append a figures line each (tests.fault.support.FIGURES). Under
+# pytest-xdist they run in worker processes, so each line travels on its test's report
+# (user_properties) to the process that prints the summary; without xdist the same path
+# runs in process.
+
+FIGURE_PROPERTY = "wal_figure"
+_figures_sent = 0
+_figures_received: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, Any, None]:
+    """Attach the figures lines a test added to its teardown report."""
+    global _figures_sent
+    outcome = yield
+    if call.when != "teardown":
+        return
+    from tests.fault.support import FIGURES
+
+    report = outcome.get_result()
+    for line in FIGURES[_figures_sent:]:
+        report.user_properties.append((FIGURE_PROPERTY, line))
+    _figures_sent = len(FIGURES)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the figures lines of every report (from xdist workers too)."""
+    _figures_received.extend(value for key, value in report.user_properties
+                             if key == FIGURE_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print every fault test's figures line, so matrix coverage can be read off."""
+    if _figures_received:
+        terminalreporter.section("reliability figures (RELIABILITY.md matrix ids)")
+        for line in _figures_received:
+            terminalreporter.write_line(line)

@@ -21,9 +21,11 @@ import time
 from typing import Any, Final
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from wal_engine import demo
+from wal_engine.cli.render import summary
 from wal_engine.engine import Engine, connect
 from wal_engine.state_machine import TERMINAL, Status
 
@@ -112,11 +114,13 @@ async def _report(console: Console, engine: Engine, task_id: str, killed_code: i
                   elapsed_s: float) -> bool:
     history = await engine.history(task_id)
     table = Table(title=f"history of {task_id}")
-    for column in ("seq", "epoch", "type", "recorded at"):
+    for column in ("seq", "epoch", "type", "what (tool, call, idempotency key, ...)",
+                   "recorded at"):
         table.add_column(column)
     for record in history:
         stamp = "" if record.recorded_at is None else record.recorded_at.strftime("%H:%M:%S.%f")
-        table.add_row(str(record.seq), str(record.epoch), record.type, stamp[:-3])
+        table.add_row(str(record.seq), str(record.epoch), record.type,
+                      escape(summary(record)), stamp[:-3])
     console.print(table)
     report = await engine.store.verify_task(task_id)
     console.print(f"hash chain: {'verified' if report.ok else 'BROKEN'} "
@@ -125,6 +129,11 @@ async def _report(console: Console, engine: Engine, task_id: str, killed_code: i
     applied = sum(row["applied"] for row in effects)
     deliveries = sum(row["deliveries"] for row in effects)
     exactly_once = all(row["applied"] == 1 for row in effects) and len(effects) == 3
+    console.print("each tool's service: 'reached' counts deliveries (retries included: the "
+                  "first fetch fails on purpose, and the call in doubt when worker A was "
+                  "killed is sent again by B with the same idempotency key); 'acted' counts "
+                  "the times the service really applied it (it answers a repeated key from "
+                  "its record)", soft_wrap=True)
     for row in effects:
         console.print(f"  {row['tool']}: reached {row['deliveries']}x, acted {row['applied']}x")
     console.print(f"side effects: {applied} ran for {len(effects)} tool calls "

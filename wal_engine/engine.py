@@ -411,6 +411,7 @@ async def connect(
     events_per_task_max: int = limits.history_events_max,
     llm_spend_max_usd: float | None = None,
     statement_timeout_ms: int = limits.statement_timeout_ms,
+    recovery_attempts_max: int = recovery_attempts_max_default,
 ) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
@@ -442,6 +443,8 @@ async def connect(
             and LLM requests just before each attempt; the values are never stored.
         statement_timeout_ms: The ``statement_timeout`` every engine session sends at its
             start (it wins over role and database defaults, decision 35).
+        recovery_attempts_max: How many times a task may be claimed again after its
+            runs were lost (crashes, expired leases) before it is dead-lettered.
         development: Whether a refusal of the start-up security self-test
             (:mod:`wal_engine.security`: superuser, BYPASSRLS, owner of the log) is only
             logged. None decides from the setup: the embedded server and
@@ -456,6 +459,8 @@ async def connect(
     if llm_spend_max_usd is not None and not (
             math.isfinite(llm_spend_max_usd) and llm_spend_max_usd >= 0):
         raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")
+    if recovery_attempts_max < 1:
+        raise ConfigurationError("recovery_attempts_max must be at least 1")
     database = await Database.open(
         dsn, max_size=pool_size_max, migrate=migrate,
         require_synchronous_commit=require_synchronous_commit, development=development,
@@ -463,6 +468,7 @@ async def connect(
     )
     return Engine(database, payload_bytes_max=payload_bytes_max,
                   snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,
-                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd)
+                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd,
+                  recovery_attempts_max=recovery_attempts_max)
 
 

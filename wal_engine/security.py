@@ -113,9 +113,10 @@ class InsecureSetup(ConfigurationError):
     def __init__(self, role: str, problems: list[str]) -> None:
         super().__init__(
             f"refusing to run as role {role!r}: {'; '.join(problems)}. Connect as the "
-            f"application role made by wal_engine.security.apply_security (see "
-            f"docs/security.md), or pass development=True / set {DEVELOPMENT_ENV}=1 for a "
-            f"development setup"
+            f"application role that `wal-engine setup --dsn ADMIN_DSN` makes (or "
+            f"wal_engine.security.apply_security; see docs/security.md), or, for a "
+            f"development setup, pass --development on the command line (development=True "
+            f"to connect()) or set {DEVELOPMENT_ENV}=1"
         )
         self.role = role
         self.problems = problems

@@ -88,23 +88,13 @@ async def harness(database_dsn: str, fault_log_dir: Path) -> AsyncIterator[Fault
 
 
 # ----------------------------------------------------------------------------- additions
-# (the reliability suite: deep tier switch and the figures summary)
+# (the reliability suite: deep tier switch; tests/conftest.py prints the figures summary)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked ``deep`` run only with RELIABILITY_DEEP=1 (RELIABILITY.md budget)."""
     if item.get_closest_marker("deep") is not None and os.environ.get("RELIABILITY_DEEP") != "1":
         pytest.skip("deep reliability test: set RELIABILITY_DEEP=1 to run it")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print every fault test's figures line, so matrix coverage can be read off."""
-    from tests.fault.support import FIGURES
-
-    if FIGURES:
-        terminalreporter.section("reliability figures (RELIABILITY.md matrix ids)")
-        for line in FIGURES:
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module")

@@ -203,6 +203,9 @@ def test_demo_runs_through_the_cli(database_dsn: str) -> None:
                             check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo passed" in result.stdout and "each exactly once" in result.stdout
+    # The history names the tools and their keys, and the counts are explained.
+    assert "tool=send_report" in result.stdout and "idempotency_key=idem:" in result.stdout
+    assert "'reached' counts deliveries" in result.stdout
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["replay", "--help"]])

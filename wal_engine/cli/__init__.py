@@ -18,8 +18,11 @@ from wal_engine import __version__
 from wal_engine.cli.anchoring import anchor, anchor_keygen
 from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
+from wal_engine.cli.embedded import embedded
 from wal_engine.cli.gateway import gateway
 from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
+from wal_engine.cli.operator import pending, reconcile, timer
+from wal_engine.cli.setup import setup
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
 from wal_engine.cli.tenant import tenant
 
@@ -32,8 +35,8 @@ def main(tenant: str | None) -> None:
 
 
 for command in (demo, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
-                signal, approve, cancel, fork, replay, migrate, timeline, bench, tenant,
-                gateway):
+                signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
+                gateway, embedded, pending, reconcile, timer):
     main.add_command(command)
 
 __all__ = ["main"]

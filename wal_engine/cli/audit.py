@@ -195,7 +195,8 @@ async def _show(task_id: str, dsn: str | None, as_json: bool) -> None:
     out.print(f"budget: {_pairs(budget) or 'unlimited'}")
     if view["budget_exceeded"]:
         out.print(f"[red]budget exceeded[/]: {_pairs(view['budget_exceeded'])}")
-    out.print(f"next action: {_plain(view['next_action'])}")
+    if view["status"] not in ("COMPLETED", "FAILED"):
+        out.print(f"next action: {_plain(view['next_action'])}")
     out.print(f"waiting on: {_pairs(view['waiting_on']) if view['waiting_on'] else 'nothing'}")
     _print_messages(out, view["messages"])
     _print_pending(out, view["pending_calls"])

@@ -147,10 +147,23 @@ def current_tenant() -> str | None:
     return tenant if isinstance(tenant, str) else None
 
 
+_json_errors = False
+"""Whether errors are reported as JSON (the command was given ``--json``)."""
+
+
+def _remember_json(_context: click.Context, _parameter: click.Parameter, value: bool) -> bool:
+    global _json_errors
+    if value:
+        _json_errors = True
+    return value
+
+
 def json_option(function: F) -> F:
-    """``--json``: one JSON object per line on standard output, for scripts."""
-    return click.option("--json", "as_json", is_flag=True,
-                        help="One JSON object per line (stable keys), for scripts.")(function)
+    """``--json``: one JSON object per line on standard output, for scripts; an error is
+    then one JSON object on standard error too (``{"error": ..., "exit_code": ...}``)."""
+    return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                        help="One JSON object per line (stable keys), for scripts; errors "
+                             "as JSON on standard error.")(function)
 
 
 def parse_json(text: str, what: str) -> Any:
@@ -224,7 +237,11 @@ def describe_error(error: WalError) -> tuple[str, int]:
 def fail(message: str, code: int, dsn: str | None = None) -> NoReturn:
     """Print ``error: message`` (never a password) on one line and exit with ``code``."""
     line = " ".join(scrub(message, dsn).split())
-    click.echo(f"error: {line}", err=True)
+    if _json_errors:
+        click.echo(orjson.dumps({"error": line, "exit_code": code},
+                                option=orjson.OPT_SORT_KEYS).decode(), err=True)
+    else:
+        click.echo(f"error: {line}", err=True)
     raise SystemExit(code)
 
 
@@ -261,6 +278,11 @@ class MainGroup(click.Group):
              **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        global _json_errors
+        given = list(sys.argv[1:] if args is None else args)
+        # A usage error is found before --json is parsed: look for it among the options.
+        _json_errors = "--json" in given[:given.index("--")] if "--" in given else (
+            "--json" in given)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as error:
@@ -278,17 +300,20 @@ class MainGroup(click.Group):
 
 
 @asynccontextmanager
-async def open_engine(dsn: str | None, *, write: bool = False) -> AsyncIterator[Engine]:
+async def open_engine(dsn: str | None, *, write: bool = False,
+                      **options: Any) -> AsyncIterator[Engine]:
     """An engine on ``dsn`` that never migrates; writers insist on synchronous commit.
 
     The security self-test runs as in any engine; ``--development`` (see
     :func:`development_option`) lets a superuser or an owner of the log through.
+    ``options`` are more keyword arguments of :func:`~wal_engine.engine.connect`.
     """
     from wal_engine.engine import connect
 
     engine = await connect(dsn, migrate=False, require_synchronous_commit=write,
                            pool_size_max=cli_pool_size_max,
-                           development=development_requested(), tenant=current_tenant())
+                           development=development_requested(), tenant=current_tenant(),
+                           **options)
     try:
         yield engine
     finally:
@@ -341,6 +366,13 @@ async def install_agents(engine: Engine, spec: str) -> None:
 
     target = load_target(spec)
     if isinstance(target, Mapping):
+        wrong = sorted(str(name) for name, entry in target.items()
+                       if not isinstance(entry, AgentDefinition) and not callable(entry))
+        if wrong:
+            raise CliError(f"--agents {spec!r} is a mapping whose values are not agent "
+                           f"functions (e.g. {', '.join(wrong[:3])}): name a register(engine) "
+                           "function or a mapping of agent names to agent functions",
+                           EXIT_USAGE)
         for name, entry in target.items():
             if isinstance(entry, AgentDefinition):
                 engine.agents[str(name)] = entry

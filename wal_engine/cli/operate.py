@@ -18,6 +18,7 @@ import msgspec
 from wal_engine.cli.common import (
     EXIT_DATABASE,
     EXIT_FINDING,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
     console,
@@ -52,6 +53,14 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
               help="Lease renewal interval, at most a third of the TTL (default 15000).")
 @click.option("--poll-ms", type=click.IntRange(10), default=None,
               help="Fallback claim interval (default 1000).")
+@click.option("--sweep-ms", type=click.IntRange(10), default=None,
+              help="Longest wait between two sweeps for expired leases (default 5000).")
+@click.option("--drain-timeout-s", type=click.FloatRange(0), default=None,
+              help="How long a graceful stop waits for runs to reach a durable point "
+                   "(default 30).")
+@click.option("--recovery-attempts-max", type=click.IntRange(1), default=None,
+              help="Claims of a task whose runs were lost before it is dead-lettered "
+                   "(default 20).")
 @click.option("--until-idle", is_flag=True,
               help="Return once no task is running and none is due.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
@@ -62,32 +71,61 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
 @dsn_option
 @development_option
 def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
-           heartbeat_ms: int | None, poll_ms: int | None, until_idle: bool,
-           metrics_port: int | None, metrics_addr: str, dsn: str | None) -> None:
+           heartbeat_ms: int | None, poll_ms: int | None, sweep_ms: int | None,
+           drain_timeout_s: float | None, recovery_attempts_max: int | None,
+           until_idle: bool, metrics_port: int | None, metrics_addr: str,
+           dsn: str | None) -> None:
     """Run a worker for the agents of MODULE:ATTR until SIGTERM (then hand tasks back)."""
     timings = {name: value for name, value in (("lease_ttl_ms", lease_ttl_ms),
                                                ("heartbeat_ms", heartbeat_ms),
-                                               ("poll_ms", poll_ms)) if value is not None}
+                                               ("poll_ms", poll_ms), ("sweep_ms", sweep_ms),
+                                               ("drain_timeout_s", drain_timeout_s))
+               if value is not None}
+    engine_options = ({} if recovery_attempts_max is None
+                      else {"recovery_attempts_max": recovery_attempts_max})
     run(_worker(agents_spec, concurrency, worker_id, timings, until_idle, metrics_port,
-                metrics_addr, dsn), dsn=dsn, log_level="info")
+                metrics_addr, dsn, engine_options), dsn=dsn, log_level="info")
+
+
+async def _run_worker(runner: Any, until_idle: bool) -> None:
+    """Run the worker; SIGTERM and Ctrl-C drain it, a second Ctrl-C stops it at once."""
+    from wal_engine.cli.stopping import StopHandlers
+
+    running = asyncio.create_task(runner.run(until_idle=until_idle))
+    # Signal handlers need the main thread (a test runner may call us from another).
+    if threading.current_thread() is not threading.main_thread():
+        await running
+        return
+    handlers = StopHandlers(runner, running)
+    handlers.install()
+    try:
+        await running
+    except asyncio.CancelledError:
+        if not handlers.forced:
+            raise
+        raise CliError("interrupted: stopped before the drain ended", EXIT_INTERRUPTED) from None
+    finally:
+        handlers.remove()
 
 
 async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
-                  timings: dict[str, int], until_idle: bool, metrics_port: int | None,
-                  metrics_addr: str, dsn: str | None) -> None:
+                  timings: dict[str, Any], until_idle: bool, metrics_port: int | None,
+                  metrics_addr: str, dsn: str | None, engine_options: dict[str, Any]
+                  ) -> None:
     from wal_engine import metrics
 
     server = None if metrics_port is None else metrics.serve(metrics_port, metrics_addr)
     try:
-        async with open_engine(dsn, write=True) as engine:
+        async with open_engine(dsn, write=True, **engine_options) as engine:
             await install_agents(engine, agents_spec)
             try:
                 runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
             except ValueError as error:
                 raise CliError(f"worker settings: {error}", EXIT_USAGE) from error
-            # Signal handlers need the main thread (a test runner may call us from another).
-            in_main_thread = threading.current_thread() is threading.main_thread()
-            await runner.run(install_signal_handlers=in_main_thread, until_idle=until_idle)
+            from wal_engine.registry import record_worker
+
+            await record_worker(engine.database, runner.worker_id, engine.agents)
+            await _run_worker(runner, until_idle)
     finally:
         if server is not None:
             await asyncio.to_thread(server.shutdown)
@@ -198,10 +236,19 @@ def _print_replay(report: ReplayReport) -> None:
         out.print(f"ok: today's code matches the history, then raises {report.error}")
 
 
+def _check_html_path(_context: click.Context, _parameter: click.Parameter,
+                     value: Path) -> Path:
+    parent = value.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"directory {str(parent)!r} does not exist")
+    return value
+
+
 @click.command()
 @click.argument("task_id", metavar="TASK")
 @click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False,
-              writable=True, path_type=Path), help="The HTML file to write.")
+              writable=True, path_type=Path), callback=_check_html_path,
+              help="The HTML file to write (its directory must exist).")
 @click.option("--from", "from_seq", type=click.IntRange(1), default=1, help="First seq drawn.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq drawn.")
 @dsn_option
@@ -238,9 +285,12 @@ def migrate(dsn: str | None, as_json: bool) -> None:
     before = result["schema_version_before"]
     was = "no schema" if before is None else f"schema version {before}"
     console().print(f"{result['dsn']}: {was} -> schema version {result['schema_version']}")
+    if result["next"]:
+        click.echo(f"next: {result['next']}", err=True)
 
 
 async def _migrate(dsn: str | None) -> dict[str, Any]:
+    from wal_engine.cli.setup import missing_roles_hint
     from wal_engine.store.connection import (
         SCHEMA_VERSION,
         _connect_once,
@@ -262,11 +312,12 @@ async def _migrate(dsn: str | None) -> dict[str, Any]:
             await apply_schema(connection)
             bars.update("migrating", 2, 3)
             after = await read_schema_version(connection)
+            hint = await missing_roles_hint(connection)
             bars.update("migrating", 3, 3)
         finally:
             await connection.close()
     return {"dsn": redact_dsn(resolved), "schema_version_before": before,
-            "schema_version": after, "applied": before != after}
+            "schema_version": after, "applied": before != after, "next": hint}
 
 
 @click.command()

@@ -45,6 +45,22 @@ def parse_budget(items: tuple[str, ...]) -> Budget | None:
         raise CliError(f"--budget is invalid: {error}", EXIT_USAGE) from error
 
 
+async def _warn_if_no_worker_serves(engine: Any, agent: str) -> None:
+    """A warning on standard error when no worker registered ``agent`` recently (the task
+    would wait until one does): the agents that workers did register, or that none did."""
+    from wal_engine.registry import recent_agents, recent_window_s_default
+
+    served = await recent_agents(engine.database)
+    if agent in served:
+        return
+    hours = recent_window_s_default // 3600
+    seen = (f"workers registered: {', '.join(sorted(served))}" if served
+            else "no worker registered any agent")
+    click.echo(f"warning: no worker registered agent {agent!r} in the last {hours} h "
+               f"({seen}); the task waits until a `wal-engine worker --agents ...` serving "
+               f"it starts (submit --agents MODULE:ATTR checks the name)", err=True)
+
+
 @click.command()
 @click.argument("agent")
 @click.option("--input", "input_json", default="null", metavar="JSON",
@@ -73,9 +89,12 @@ async def _submit(agent: str, input_json: str, task_id: str | None,
         if agents_spec is not None:
             await install_agents(engine, agents_spec)
             if agent not in engine.agents:
-                raise CliError(f"agent {agent!r} is not registered by {agents_spec}",
-                               EXIT_USAGE)
+                known = ", ".join(sorted(engine.agents))
+                raise CliError(f"agent {agent!r} is not registered by {agents_spec} "
+                               f"(it registers: {known})", EXIT_USAGE)
         chosen = await engine.submit(agent, task_input, budget=budget, task_id=task_id)
+        if agents_spec is None:
+            await _warn_if_no_worker_serves(engine, agent)
         head = await engine.head(chosen)
     if as_json:
         emit({"task_id": chosen, "agent": head.agent, "status": str(head.status),

@@ -74,6 +74,15 @@ def _is_live_postgres(pid: int) -> bool:
     return b"postgres" in cmdline or b"postmaster" in cmdline
 
 
+def _running_bin_dir(pid: int) -> Path | None:
+    """The directory of the binary process ``pid`` runs (Linux procfs; None elsewhere or
+    when it cannot be read)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).parent
+    except OSError:
+        return None
+
+
 def _accepts_sessions(port: int) -> bool:
     """Whether the server on ``port`` lets a session in, as ``pg_isready`` asks it.
 

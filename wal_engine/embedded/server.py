@@ -29,6 +29,8 @@ from wal_engine.embedded.layout import (
     listen_host,
     log_file_name,
     port_file_name,
+    project_file_name,
+    project_root,
     settings_file_name,
     superuser_name,
 )
@@ -40,6 +42,7 @@ from wal_engine.embedded.pidfile import (
     _PidFile,
     _port_free,
     _read_pid_file,
+    _running_bin_dir,
     _shared_memory_attachments,
     _to_int,
 )
@@ -228,6 +231,8 @@ class EmbeddedPostgres:
         while time.monotonic() < deadline:
             state, info = self._state()
             if state == "ready" and info is not None and info.port is not None:
+                if info.pid is not None:
+                    self._warn_if_foreign(info.pid)
                 return info.port
             if state == "busy":
                 time.sleep(poll_interval_s)
@@ -241,6 +246,28 @@ class EmbeddedPostgres:
             f"({attempts} attempts): {failure}\n--- end of {self._log_path} ---\n"
             f"{self._log_tail()}"
         )
+
+    def foreign_binaries(self, pid: int) -> Path | None:
+        """The binaries of the running postmaster ``pid`` when they are not the ones this
+        installation would start it with (another venv's or another version's); None when
+        they are ours or cannot be told."""
+        running = _running_bin_dir(pid)
+        if running is None:
+            return None
+        try:
+            ours = self._bin_dir()
+        except EmbeddedServerUnavailable:
+            return running
+        return None if running.resolve() == ours.resolve() else running
+
+    def _warn_if_foreign(self, pid: int) -> None:
+        foreign = self.foreign_binaries(pid)
+        if foreign is not None:
+            _log.warning("embedded_server_foreign", data_dir=str(self.data_dir), pid=pid,
+                         running_binaries=str(foreign),
+                         hint="another installation started this server; it is reused as "
+                              "is. `wal-engine embedded stop` stops it, so that the next "
+                              "command starts this installation's own")
 
     def _start_once(self, stale: _PidFile | None) -> str:
         """Run one ``pg_ctl start``; return its output on failure, ``""`` on success."""
@@ -424,4 +451,18 @@ async def ensure_embedded(data_dir: Path | None = None, *, fsync: bool = True) -
         fsync: See :class:`EmbeddedPostgres`.
     """
     server = EmbeddedPostgres(data_dir or default_data_dir(), fsync=fsync)
-    return await asyncio.to_thread(server.ensure_running)
+    dsn = await asyncio.to_thread(server.ensure_running)
+    if data_dir is None:
+        record_project(server.data_dir)
+    return dsn
+
+
+def record_project(data_dir: Path) -> None:
+    """Write which project a default data directory serves (``wal-engine embedded status``
+    reads it, and calls a server whose project is gone stale)."""
+    root = project_root()
+    path = data_dir / project_file_name
+    text = f"{root}\n" if root is not None else "\n"
+    with contextlib.suppress(OSError):
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -48,6 +49,7 @@ from hypothesis.stateful import (
 
 from replay.state import AgentState
 from wal_engine import failpoints
+from wal_engine.errors import ConfigurationError
 from wal_engine.payloads import encode_payload
 from wal_engine.store import EventRecord
 from wal_engine.testing.crash import (
@@ -88,12 +90,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+PROFILE_ENV: Final = "WAL_ENGINE_CRASH_PROFILE"
 PROFILES: Final = {
+    "crash-quick": (24, 10),
     "crash-dev": (20, 10),
     "crash-ci": (260, 12),
     "crash-deep": (3000, 30),
 }
-"""Hypothesis profiles for the machine (examples, steps per program): the CI one is sized
+"""Hypothesis profiles for the machine (examples, steps per program): the quick one is sized
+to finish a one-tool agent in under 30 s on 2 cores (a user's per-commit test), the CI one
 for >= 1,000 fired crash points per run on the project's demo agent, the deep one for
 nightly runs."""
 
@@ -111,12 +116,22 @@ def register_profiles() -> None:
 
 
 def crash_settings(profile: str | None = None) -> settings:
-    """Settings of ``profile``, else ``WAL_ENGINE_CRASH_PROFILE``, else ``crash-deep`` when
-    ``RELIABILITY_DEEP=1``, else ``crash-ci``."""
+    """Settings of ``WAL_ENGINE_CRASH_PROFILE`` when set (it overrides ``profile``, so that
+    one environment variable turns every crash test of a suite deep or quick), else of
+    ``profile``, else ``crash-deep`` when ``RELIABILITY_DEEP=1``, else ``crash-ci``.
+
+    Raises:
+        ConfigurationError: the chosen name is not a registered Hypothesis profile.
+    """
     register_profiles()
-    chosen = profile or os.environ.get("WAL_ENGINE_CRASH_PROFILE") or (
+    chosen = os.environ.get(PROFILE_ENV) or profile or (
         "crash-deep" if os.environ.get("RELIABILITY_DEEP") == "1" else "crash-ci")
-    return settings.get_profile(chosen)
+    try:
+        return settings.get_profile(chosen)
+    except InvalidArgument as exc:
+        raise ConfigurationError(
+            f"unknown crash profile {chosen!r} (profile= or {PROFILE_ENV}); the built-in "
+            f"ones are {', '.join(PROFILES)}") from exc
 
 
 @dataclass(frozen=True)

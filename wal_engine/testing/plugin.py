@@ -27,13 +27,22 @@ fixture                    scope     what it gives
 =========================  ========  ====================================================
 
 The plugin also registers the marker ``deep`` (long reliability tests, skipped unless
-``RELIABILITY_DEEP=1``) and the Hypothesis profiles ``crash-dev``, ``crash-ci`` and
-``crash-deep``.
+``RELIABILITY_DEEP=1``) and the Hypothesis profiles ``crash-quick``, ``crash-dev``,
+``crash-ci`` and ``crash-deep``.
+
+Installing wal-engine registers the plugin in every project of the environment, so it loads
+with plain pytest alone: without pytest-asyncio the async fixtures are replaced by ones that
+fail the test that uses them with what to install, and without Hypothesis the crash
+profiles are not registered (``wal_crash_machine`` says what to install). The async
+fixtures are pytest-asyncio fixtures, so they work under its strict mode (tests marked
+``@pytest.mark.asyncio``) as well as its auto mode, on the loop scope configured by
+``asyncio_default_fixture_loop_scope``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -41,7 +50,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pytest
-import pytest_asyncio
 
 from wal_engine.testing.postgres import DatabaseFactory, TestServer, start_test_server
 
@@ -55,6 +63,19 @@ T = TypeVar("T")
 
 DEEP_ENV: Final = "RELIABILITY_DEEP"
 SEED_ENV: Final = "WAL_ENGINE_FAULT_SEED"
+INSTALL_HINT: Final = "pip install 'wal-engine[test]'"
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def _missing(fixture: str, module: str) -> BaseException:
+    """The failure of a fixture whose optional dependency is not installed."""
+    return pytest.fail.Exception(
+        f"the wal-engine fixture {fixture!r} needs {module}, which is not installed: "
+        f"{INSTALL_HINT} (or pip install {module})", pytrace=False)
 
 
 def run_sync(work: Coroutine[Any, Any, T]) -> T:
@@ -76,9 +97,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the ``deep`` marker and the crash profiles."""
     config.addinivalue_line(
         "markers", f"deep: long reliability tests, run only with {DEEP_ENV}=1")
-    from wal_engine.testing.machine import register_profiles
+    if _installed("hypothesis"):
+        from wal_engine.testing.machine import register_profiles
 
-    register_profiles()
+        register_profiles()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -118,8 +140,7 @@ def wal_database_dsn(wal_database_factory: DatabaseFactory) -> Iterator[str]:
         run_sync(wal_database_factory.drop(dsn))
 
 
-@pytest_asyncio.fixture
-async def wal_test_engine(wal_database_dsn: str) -> AsyncIterator[Engine]:
+async def _engine_fixture(wal_database_dsn: str) -> AsyncIterator[Engine]:
     """An engine on the test's fresh database (closed after the test)."""
     from wal_engine.engine import connect
 
@@ -130,14 +151,30 @@ async def wal_test_engine(wal_database_dsn: str) -> AsyncIterator[Engine]:
         await engine.close()
 
 
-@pytest_asyncio.fixture
-async def wal_effect_ledger(wal_test_engine: Engine) -> EffectLedger:
+async def _ledger_fixture(wal_test_engine: Engine) -> EffectLedger:
     """The side-effect ledger of :func:`wal_test_engine`, ready to use."""
     from wal_engine.testing.ledger import EffectLedger
 
     ledger = EffectLedger.for_engine(wal_test_engine)
     await ledger.prepare()
     return ledger
+
+
+if _installed("pytest_asyncio"):
+    import pytest_asyncio
+
+    wal_test_engine = pytest_asyncio.fixture(_engine_fixture, name="wal_test_engine")
+    wal_effect_ledger = pytest_asyncio.fixture(_ledger_fixture, name="wal_effect_ledger")
+else:
+    @pytest.fixture(name="wal_test_engine")
+    def _engine_unavailable() -> Engine:
+        """Stands in for the async engine fixture when pytest-asyncio is missing."""
+        raise _missing("wal_test_engine", "pytest-asyncio")
+
+    @pytest.fixture(name="wal_effect_ledger")
+    def _ledger_unavailable() -> EffectLedger:
+        """Stands in for the async ledger fixture when pytest-asyncio is missing."""
+        raise _missing("wal_effect_ledger", "pytest-asyncio")
 
 
 @pytest.fixture
@@ -147,6 +184,8 @@ def wal_crash_machine(wal_database_factory: DatabaseFactory
 
     Use it from a synchronous test: the machine runs its own event loop per program.
     """
+    if not _installed("hypothesis"):
+        raise _missing("wal_crash_machine", "hypothesis")
     from wal_engine.testing.machine import run_crash_machine
 
     def run(config: AgentUnderTest, profile: str | None = None) -> MachineStats:

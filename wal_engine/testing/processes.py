@@ -119,11 +119,17 @@ class WorkerPool:
         self.defaults = defaults
         self.workers: list[WorkerProcess] = []
 
-    async def spawn(self, worker_id: str, **options: Any) -> WorkerProcess:
-        """Start a worker and wait until it is ready."""
+    def start(self, worker_id: str, **options: Any) -> WorkerProcess:
+        """Start a worker without waiting for it (await its :meth:`WorkerProcess.ready`):
+        several can then start at once, as replacements started ahead of a kill."""
         worker = WorkerProcess(self.dsn, worker_id, self.register, log_dir=self.log_dir,
                                **{**self.defaults, **options})
         self.workers.append(worker)
+        return worker
+
+    async def spawn(self, worker_id: str, **options: Any) -> WorkerProcess:
+        """Start a worker and wait until it is ready."""
+        worker = self.start(worker_id, **options)
         await worker.ready()
         return worker
 

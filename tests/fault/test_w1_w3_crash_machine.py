@@ -66,7 +66,8 @@ def _report(name: str, stats: MachineStats) -> None:
     assert stats.violations == 0
 
 
-@pytest.mark.timeout(900)
+# 282 s serially at load average 4; 939 s beside another xdist worker at load 8-13.
+@pytest.mark.timeout(1800)
 def test_w1_w3_w7_l8_crash_machine_on_the_demo_agent(database_factory: DatabaseFactory
                                                      ) -> None:
     """At least 1,000 fired crash points per CI run on the demo agent, zero violations."""

@@ -1,0 +1,83 @@
+"""Ctrl-C on ``wal-engine worker``: the first drains with a countdown on standard error,
+the second stops at once (exit 130), handing the running task back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from wal_engine.context import AgentContext
+from wal_engine.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "tests.integration.test_cli_worker_stop:register"
+SLOW_TOOL_S = 120.0
+DRAIN_TIMEOUT_S = 60
+
+
+def register(engine: Engine) -> None:
+    """An agent whose one tool takes a minute (no durable point to hand back at)."""
+
+    async def slow(args: dict[str, Any]) -> str:
+        await asyncio.sleep(args["seconds"])
+        return "done"
+
+    @engine.agent("slow-one")
+    async def slow_one(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("slow", slow, {"seconds": task_input["seconds"]})
+
+
+def _start_worker(dsn: str, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WAL_ENGINE_LOG_FORMAT": "json"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "wal_engine.cli", "worker", "--agents", SPEC,
+         "--lease-ttl-ms", "900", "--heartbeat-ms", "200", "--poll-ms", "50",
+         "--drain-timeout-s", str(DRAIN_TIMEOUT_S), "--dsn", dsn],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+async def _until(check: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_second_ctrl_c_forces_the_exit(engine: Engine, tmp_path: Path) -> None:
+    """Ctrl-C once: 'draining ... Ctrl-C again' lines while the slow tool runs; Ctrl-C
+    twice: exit 130 well before the 60 s drain timeout."""
+    register(engine)
+    task_id = await engine.submit("slow-one", {"seconds": SLOW_TOOL_S})
+    log_path = tmp_path / "worker.err"
+    with log_path.open("wb") as log:
+        process = _start_worker(engine.database.dsn, log)
+        try:
+            async def running() -> bool:  # Inside the slow tool: no durable point ahead.
+                return any(record.type == "tool_call_intended"
+                           for record in await engine.history(task_id))
+
+            async def counting_down() -> bool:
+                return "Ctrl-C again to stop now" in log_path.read_text()
+
+            await _until(running, "the worker to start the slow tool")
+            process.send_signal(signal.SIGINT)
+            await _until(counting_down, "the drain countdown")
+            process.send_signal(signal.SIGINT)
+            started = time.monotonic()
+            await asyncio.to_thread(process.wait, DRAIN_TIMEOUT_S)
+            took_s = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    text = log_path.read_text()
+    assert process.returncode == 130, text
+    assert "stopping now: cancelling 1 task run(s)" in text
+    assert took_s < DRAIN_TIMEOUT_S / 2, took_s
+    assert str((await engine.head(task_id)).status) == "RESUMING"  # handed back

@@ -1,0 +1,45 @@
+"""Which agents workers serve: an advisory record in ``wal_workers`` (schema.sql, section
+"Worker registrations").
+
+A worker started by ``wal-engine worker`` records its id and agents when it starts;
+``wal-engine submit`` reads the recent records to warn about a task that no worker would
+claim (an agent name misspelt, or its worker not deployed). Nothing claims through it: a
+worker that never registered still runs every task of its agents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from wal_engine.store import Database
+
+recent_window_s_default: Final = 86_400
+"""How far back ``submit`` looks for registrations (a day)."""
+workers_read_max: Final = 500
+
+RECORD_WORKER: Final = """
+INSERT INTO wal_workers (tenant, worker_id, agents, seen_at)
+VALUES (current_setting('wal.tenant', true), $1, $2::text[], now())
+ON CONFLICT (tenant, worker_id) DO UPDATE SET agents = EXCLUDED.agents, seen_at = now()
+"""
+
+RECENT_AGENTS: Final = """
+SELECT worker_id, agents FROM wal_workers
+ WHERE tenant = current_setting('wal.tenant', true)
+   AND seen_at > now() - make_interval(secs => $1)
+ ORDER BY seen_at DESC
+ LIMIT $2
+"""
+
+
+async def record_worker(database: Database, worker_id: str, agents: Iterable[str]) -> None:
+    """Record (or refresh) that ``worker_id`` serves ``agents`` (one statement)."""
+    await database.fetch(RECORD_WORKER, worker_id, sorted(agents))
+
+
+async def recent_agents(database: Database, *,
+                        within_s: float = recent_window_s_default) -> set[str]:
+    """Every agent a worker of this tenant registered within the last ``within_s``."""
+    rows = await database.fetch(RECENT_AGENTS, float(within_s), workers_read_max)
+    return {agent for row in rows for agent in row["agents"]}
