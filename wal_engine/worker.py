@@ -155,6 +155,7 @@ class Worker:
             max_workers=self.config.sync_threads or self.config.concurrency + 4,
             thread_name_prefix=f"wal-engine-sync-{self.worker_id}")
         self.keeper.start()
+        await self._register()
         loops = [
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._listen_loop(), name="listen"),
@@ -181,6 +182,16 @@ class Worker:
                 loop.remove_signal_handler(signal.SIGINT)
             self._stopped.set()
             self.log.info("worker_stopped", claimed=self.claimed)
+
+    async def _register(self) -> None:
+        """Record which agents this worker serves (advisory: ``submit`` warns about an
+        agent no worker serves); a database outage does not stop the worker starting."""
+        from wal_engine.registry import record_worker
+
+        try:
+            await record_worker(self.engine.database, self.worker_id, self.engine.agents)
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError, DatabaseUnavailable) as error:
+            self.log.warning("worker_registration_failed", error=repr(error))
 
     async def _drain(self) -> None:
         if not self._run_tasks:

@@ -122,9 +122,6 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
                 runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
             except ValueError as error:
                 raise CliError(f"worker settings: {error}", EXIT_USAGE) from error
-            from wal_engine.registry import record_worker
-
-            await record_worker(engine.database, runner.worker_id, engine.agents)
             await _run_worker(runner, until_idle)
     finally:
         if server is not None:
