@@ -47,7 +47,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from replay.state import AgentState
+from replay.state import AgentState, CallStatus
 from wal_engine import failpoints
 from wal_engine.errors import ConfigurationError
 from wal_engine.payloads import encode_payload
@@ -140,6 +140,17 @@ class Submission:
 
     agent: str
     input: Any = None
+
+
+def had_doubt(state: AgentState) -> bool:
+    """Whether a call of the task was escalated (``tool_call_uncertain``): left uncertain,
+    reconciled by a human, or the reason the task failed."""
+    failed_in_doubt = state.failure is not None and \
+        state.failure.reason == "uncertain_side_effect"
+    return failed_in_doubt or any(
+        call.status is CallStatus.UNCERTAIN
+        or (call.error is not None and call.error.error_type == "Reconciled")
+        for call in state.calls.values())
 
 
 HAND_OFFS: Final = frozenset({"task_orphaned", "task_resumed", "run_interrupted"})
@@ -247,7 +258,7 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
     figures = stats if stats is not None else MachineStats()
     crash_schedules = st.lists(st.tuples(st.sampled_from(POINTS), st.integers(1, 3)),
                                min_size=1, max_size=10)
-    crash_free: dict[tuple[str, bytes], Any] = {}
+    crash_free: dict[tuple[str, bytes], tuple[Any, bool]] = {}
 
     class AgentCrashMachine(RuleBasedStateMachine):
         """Crash, fence and resume the agent's tasks; check every invariant after each rule."""
@@ -523,10 +534,14 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             violations = []
             for task_id, submission in self.tasks:
                 state = await self.live.state(task_id)
-                expected = crash_free[_crash_free_key(submission)]
+                expected, reference_in_doubt = crash_free[_crash_free_key(submission)]
                 if config.project(state) == expected:
                     continue
-                if config.degraded(state, await self.live.history(task_id)):
+                # Where the crash-free run itself had a call in doubt (escalated), another
+                # path through the same doubt is allowed too (a crash may let a lookup
+                # find what the crash-free run had to ask a human for).
+                if reference_in_doubt or config.degraded(
+                        state, await self.live.history(task_id)):
                     figures.degraded += 1
                     continue
                 violations.append(Violation(
@@ -550,7 +565,7 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
                             for n, s in enumerate(missing.values())],
                 responder=self.responder, **config.timings)
             for key, state in zip(missing, states, strict=True):
-                crash_free[key] = config.project(state)
+                crash_free[key] = (config.project(state), had_doubt(state))
 
         async def _close(self) -> None:
             for _, task in self.background.values():
