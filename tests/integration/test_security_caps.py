@@ -8,36 +8,18 @@ error and leave the log unchanged, and through the Python API, which must raise 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import orjson
 import pytest
-import pytest_asyncio
 
 from tests.helpers import claim, log_snapshot
-from tests.integration.tenant_roles import TenantRoles
 from wal_engine import limits
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import CapExceeded, ConfigurationError, InvalidInput
 from wal_engine.events import Budget
 from wal_engine.store import queries
-
-
-@pytest_asyncio.fixture
-async def app_dsn(tenant_roles: TenantRoles) -> str:
-    """The test database with security.sql applied; a DSN logging in as the default
-    tenant's own runtime role (the application group holds the grants; decision 35)."""
-    return await tenant_roles.dsn("default")
-
-
-@pytest_asyncio.fixture
-async def app_engine(app_dsn: str) -> AsyncIterator[Engine]:
-    """An engine connected as the application role, development checks off."""
-    engine = await connect(app_dsn, migrate=False, pool_size_max=5, development=False)
-    yield engine
-    await engine.close()
 
 
 async def _sql_error(engine: Engine, statement: str, *args: Any) -> asyncpg.PostgresError:

@@ -9,19 +9,16 @@ append or named by ``verify`` (the store's and ``verify --anchor``'s), with its 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
 
 from tests.helpers import claim, log_snapshot
-from tests.integration.tenant_roles import TenantRoles
 from wal_engine import events as ev
 from wal_engine.anchor import create_anchor, verify_anchor
 from wal_engine.chain import event_hash_v2
-from wal_engine.engine import Engine, connect
+from wal_engine.engine import Engine
 from wal_engine.store import Database, Store
 
 FORGE: str = """
@@ -35,21 +32,6 @@ SELECT seq, hash, epoch FROM wal_events
  WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
  ORDER BY seq DESC LIMIT 1
 """
-
-
-@pytest_asyncio.fixture
-async def app_dsn(tenant_roles: TenantRoles) -> str:
-    """The test database with security.sql applied; a DSN logging in as the default
-    tenant's own runtime role (the application group holds the grants; decision 35)."""
-    return await tenant_roles.dsn("default")
-
-
-@pytest_asyncio.fixture
-async def app_engine(app_dsn: str) -> AsyncIterator[Engine]:
-    """An engine connected as the application role, development checks off."""
-    engine = await connect(app_dsn, migrate=False, pool_size_max=5, development=False)
-    yield engine
-    await engine.close()
 
 
 async def forge(database: Database, task_id: str, event_type: str, payload: bytes, *,
