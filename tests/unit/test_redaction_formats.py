@@ -58,9 +58,23 @@ _PIECES = [*SAMPLES.values(), *(text for _s, text in FORMATS.values()),
 @given(st.lists(st.one_of(st.sampled_from(_PIECES), st.sampled_from(_PIECES),
                           st.text(max_size=12)), max_size=24))
 def test_quick_tests_never_skip_a_match(pieces: list[str]) -> None:
-    """The gates and triggers only save time: with them, every text is redacted exactly as
-    by a redactor that runs every regex on every text."""
+    """The quick tests only save time: with the one-pass trigger set (google-re2) and with
+    the character gates alike, every text is redacted exactly as by a redactor that runs
+    every regex on every text."""
     text = "".join(pieces)
-    thorough = DefaultRedactor(patterns=[
-        msgspec.structs.replace(p, triggers=(), requires=()) for p in DEFAULT_PATTERNS])
-    assert DefaultRedactor().redact_text(text) == thorough.redact_text(text)
+    expected = _THOROUGH.redact_text(text)
+    assert _MULTI_PATTERN.redact_text(text) == expected
+    assert _GATES.redact_text(text) == expected
+
+
+_THOROUGH = DefaultRedactor(patterns=[
+    msgspec.structs.replace(p, triggers=(), requires=()) for p in DEFAULT_PATTERNS])
+_MULTI_PATTERN = DefaultRedactor()
+_GATES = DefaultRedactor(multi_pattern=False)
+
+
+def test_the_default_redactor_uses_the_one_pass_trigger_set() -> None:
+    """With the re2 extra installed (the test extra has it), the fast path is the trigger
+    set; without it, the character gates."""
+    assert _MULTI_PATTERN._triggers is not None
+    assert _GATES._triggers is None
