@@ -118,6 +118,9 @@ class TaskRun:
         now: dt.datetime = row["database_now"]
         self.runtime_before_claim_s = 0.0 if started is None else (now - started).total_seconds()
         self.leased = True
+        self.leaving_lease = False
+        """An append that gives the lease up (a wait, an ending, a hand-back) is in flight:
+        a renewal that no longer finds the lease is then no sign of another owner."""
         self.fenced_reason: str | None = None
         self.suspend_requested = False
         self.builder: StateBuilder | None = None
@@ -457,16 +460,23 @@ class TaskRun:
         for event in events:
             self.builder.apply(event)
         self._state_cache = None
+        leaving = any(type(e).TARGET_STATUS not in (None, *LEASED) for e in events)
+        self.leaving_lease = leaving
         try:
             result = await self.engine.committer.append(PendingAppend(
                 task_id=self.task_id, epoch=self.epoch, expected_seq=self.head_seq,
                 prev_hash=self.head_hash, events=events, encoded=encoded,
             ))
         except (LeaseLost, ConcurrencyConflict, UnknownTask) as error:
+            self.leaving_lease = False
             self.fence(str(error))
             raise Fenced from error
         except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+            self.leaving_lease = False
             self._unsettled = [e for e in events if isinstance(e, _OUTCOMES)]
+            raise
+        except BaseException:
+            self.leaving_lease = False
             raise
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
         structlog.contextvars.bind_contextvars(seq=result.head_seq)

@@ -277,7 +277,10 @@ class Worker:
     def _lease_lost(self, task_id: str, epoch: int) -> None:
         """The keeper found the lease of ``task_id`` at ``epoch`` taken over."""
         run = self.runs.get(task_id)
-        if run is not None and run.leased and run.epoch == epoch:
+        # A run whose append gives the lease up (a wait, say) may hear of it from the
+        # keeper before the append's answer: that is no other owner, and fencing it would
+        # drop the run's last look for a signal that raced with its wait.
+        if run is not None and run.leased and not run.leaving_lease and run.epoch == epoch:
             run.fence("lease not renewed: another worker owns the task")
 
     def lease_valid(self, task_id: str, epoch: int) -> bool:
