@@ -7,7 +7,7 @@ their sessions, drops what they were granted here and drops them.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 
@@ -82,3 +82,13 @@ async def secure(dsn: str) -> None:
         await apply_security(admin)
     finally:
         await admin.close()
+
+
+async def sqlstate(connection: asyncpg.Connection, statement: str, *args: Any) -> str | None:
+    """Run ``statement`` in a savepoint; its SQLSTATE, or None when it succeeded."""
+    try:
+        async with connection.transaction():
+            await connection.execute(statement, *args)
+    except asyncpg.PostgresError as error:
+        return str(error.sqlstate)
+    return None

@@ -24,6 +24,7 @@ import structlog
 from click.testing import CliRunner, Result
 
 from tests.integration.tenant_roles import TenantRoles, secure
+from tests.integration.tenant_roles import sqlstate as _sqlstate
 from tests.integration.test_cli_agents import lines, one_error_line
 from wal_engine import events as ev
 from wal_engine import logs
@@ -156,16 +157,6 @@ async def _a_still_works(a: Engine) -> None:
         assert (await a.store.verify_task("a-task")).ok
 
     await asyncio.wait_for(scenario(), deadline_s)
-
-
-async def _sqlstate(connection: asyncpg.Connection, statement: str, *args: Any) -> str | None:
-    """Run ``statement`` in a savepoint; its SQLSTATE, or None when it succeeded."""
-    try:
-        async with connection.transaction():
-            await connection.execute(statement, *args)
-    except asyncpg.PostgresError as error:
-        return str(error.sqlstate)
-    return None
 
 
 async def _attack_as_b(connection: asyncpg.Connection) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.integration.tenant_roles import TenantRoles
+from tests.integration.tenant_roles import sqlstate as _sqlstate
 from wal_engine import events as ev
 from wal_engine.anchor import AnchorInvalid, create_anchor, verify_anchor
 from wal_engine.chain import event_hash
@@ -134,15 +135,6 @@ async def _app_connection(roles: TenantRoles, tenant: str | None) -> asyncpg.Con
         return await asyncpg.connect(await roles.stray_dsn())
     return await asyncpg.connect(await roles.dsn(tenant),
                                  server_settings={"wal.tenant": tenant})
-
-
-async def _sqlstate(connection: asyncpg.Connection, statement: str, *args: Any) -> str | None:
-    try:
-        async with connection.transaction():
-            await connection.execute(statement, *args)
-    except asyncpg.PostgresError as error:
-        return str(error.sqlstate)
-    return None
 
 
 async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
