@@ -62,6 +62,7 @@ from wal_engine.testing.crash import (
     deliver_signals,
     drive_to_quiescence,
     expire_leases,
+    open_database,
     open_tasks,
     outcome,
     run_crash_free_many,
@@ -85,12 +86,14 @@ from wal_engine.testing.ledger import (
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
+    from wal_engine.store import Database
     from wal_engine.testing.postgres import DatabaseFactory
     from wal_engine.worker import Worker
 
 T = TypeVar("T")
 
 PROFILE_ENV: Final = "WAL_ENGINE_CRASH_PROFILE"
+OBSERVER_SESSION: Final = "wal-test-observer"
 PROFILES: Final = {
     "crash-quick": (24, 10),
     "crash-dev": (20, 10),
@@ -269,6 +272,10 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
             self.dsn = ""
             self.engine: Engine | None = None
+            # The checker's own session: not one of the engine's (its name does not match
+            # 'wal-engine:%'), so a call that simulates a lost database by ending every engine
+            # session cannot end the checker's reads in the middle of an invariant.
+            self.observer: Database | None = None
             self.tasks: list[tuple[str, Submission]] = []
             self.background: dict[int, tuple[Worker, asyncio.Task[None]]] = {}
             # Preconditions may only read what the drawn program decided (attempts, user
@@ -291,11 +298,18 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             assert self.engine is not None
             return self.engine
 
+        @property
+        def checker(self) -> Database:
+            assert self.observer is not None
+            return self.observer
+
         async def _open(self) -> None:
             from wal_engine.engine import connect
 
             self.dsn = await factory.create()
             self.engine = await connect(self.dsn, migrate=False, pool_size_max=connect_pool_size)
+            self.observer = await open_database(self.dsn, pool_size_max=2,
+                                                application_name=OBSERVER_SESSION)
             await EffectLedger.for_engine(self.engine).prepare()
             registered = config.register(self.engine)
             if inspect.isawaitable(registered):
@@ -484,12 +498,12 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
 
         async def _violations(self) -> list[Violation]:
             query = config.effects_query or READ_EFFECTS_IF_PRESENT
-            snapshot = await read_snapshot(self.live.database, extra={"effects": query})
+            snapshot = await read_snapshot(self.checker, extra={"effects": query})
             rows = effect_rows(snapshot.extra["effects"])
             violations = check_snapshot(snapshot)
             violations += check_effect_rows(rows, snapshot.events,
                                             completed_tools=self._ledger_tools())
-            violations += await check_acknowledged(self.live.database, self.acks.acknowledged)
+            violations += await check_acknowledged(self.checker, self.acks.acknowledged)
             return violations
 
         # -------------------------------------------------------------- the end
@@ -518,7 +532,7 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             violations += await self._compare_with_crash_free()
             if config.finish is not None:
                 violations += await config.finish(self.live, list(self.tasks))
-            snapshot = await read_snapshot(self.live.database,
+            snapshot = await read_snapshot(self.checker,
                                            extra={"effects": config.effects_query
                                                   or READ_EFFECTS_IF_PRESENT})
             sums = totals(effect_rows(snapshot.extra["effects"]))
@@ -573,6 +587,8 @@ def crash_machine(config: AgentUnderTest, factory: DatabaseFactory,
             if self.engine is not None:
                 await EffectLedger.for_engine(self.engine).close()
                 await asyncio.wait_for(self.engine.close(), 10)
+            if self.observer is not None:
+                await asyncio.wait_for(self.observer.close(), 10)
             if self.dsn:
                 await factory.drop(self.dsn)
 
