@@ -27,7 +27,7 @@
 --                     recorded in the log (signal_received events), so rows never change.
 -- wal_tenants         one row per tenant: its task count and an optional cap on it
 --                     (wal_count_task, a trigger on wal_tasks, keeps and checks it).
--- wal_tenant_roles    login role -> tenant, written by the owner only (wal_engine.tenants):
+-- wal_tenant_roles    login role -> tenant, written by the owner only (wal_engine.security.tenants):
 --                     the source of truth of row security for runtime roles.
 --
 -- Tenancy
@@ -346,7 +346,7 @@ SELECT t.tenant, count(*) FROM wal_tasks t GROUP BY t.tenant
 ON CONFLICT (tenant) DO UPDATE SET tasks = EXCLUDED.tasks WHERE k.tasks <> EXCLUDED.tasks;
 
 -- ------------------------------------------------- tenant roles (isolation, issue 16)
--- Each tenant's engines log in as a role of their own (wal_engine.tenants provisions it);
+-- Each tenant's engines log in as a role of their own (wal_engine.security.tenants provisions it);
 -- this table, written only by the owner, maps that login role to its tenant. Row security
 -- keys on it through session_user, which no statement of the session can change (SET ROLE
 -- changes current_user only, and SECURITY DEFINER functions run as their owner with the
@@ -537,7 +537,7 @@ CREATE OR REPLACE TRIGGER wal_snapshot_segments_immutable
 
 -- The payload of every NOTIFY: an opaque token of the current tenant, never a task id
 -- (NOTIFY is not filtered by row security, and task ids are chosen by users). A worker
--- wakes on its own tenant's token (wal_engine.worker computes the same value) and then
+-- wakes on its own tenant's token (wal_engine.runtime.worker computes the same value) and then
 -- claims through its tenant's rows.
 CREATE OR REPLACE FUNCTION wal_wake_token() RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -823,7 +823,7 @@ $$;
 -- SECURITY DEFINER), still filtered to the caller's tenant by the policies.
 
 -- Write a snapshot in one statement (the statement and its reasoning: SAVE_SNAPSHOT's
--- comment in wal_engine/resume.py): new segments, the row, pruning of older snapshots and
+-- comment in wal_engine/runtime/resume.py): new segments, the row, pruning of older snapshots and
 -- of segments no remaining snapshot refers to.
 CREATE OR REPLACE FUNCTION wal_save_snapshot(
     p_task_id text, p_seq bigint, p_state bytea, p_state_format smallint, p_keep integer,

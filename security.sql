@@ -1,6 +1,6 @@
 -- wal-engine security: roles, ownership and grants for least privilege. Idempotent.
 --
--- Applied by wal_engine.security.apply_security() after schema.sql, by a superuser (or a
+-- Applied by wal_engine.security.roles.apply_security() after schema.sql, by a superuser (or a
 -- role that may create roles and act as both roles below), and again after every migration:
 -- re-creating a function resets its SECURITY DEFINER and search_path.
 --
@@ -15,11 +15,11 @@
 --                                     wal_signals: the append-only triggers of schema.sql
 --                                     refuse (WE002). It could DISABLE those triggers, and
 --                                     a superuser can do anything: the hash chain plus an
---                                     external anchor (wal_engine.anchor) make that evident.
+--                                     external anchor (wal_engine.audit.anchor) make that evident.
 -- application role (default          NOLOGIN since issue 16: the group that holds the
 -- engine_app)                         runtime's privileges. Each tenant logs in as a role of
 --                                     its own, a member of this group, provisioned by
---                                     wal_engine.tenants (wal-engine tenant create), mapped
+--                                     wal_engine.security.tenants (wal-engine tenant create), mapped
 --                                     to its tenant in wal_tenant_roles; row security keys on
 --                                     that mapping (schema.sql). Not superuser, not
 --                                     BYPASSRLS, owns nothing, not a member of the owner
@@ -103,7 +103,7 @@ BEGIN
     EXCEPTION WHEN duplicate_object THEN
         NULL;
     END;
-    -- NOLOGIN: tenants log in as roles of their own (wal_engine.tenants), members of it.
+    -- NOLOGIN: tenants log in as roles of their own (wal_engine.security.tenants), members of it.
     EXECUTE format('ALTER ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE '
                    'NOREPLICATION', app_role);
     IF pg_has_role(app_role, owner_role, 'MEMBER') THEN

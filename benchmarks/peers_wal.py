@@ -5,7 +5,7 @@ call's arguments) appended and committed, the tool run, its ~1 KB result appende
 committed; two fenced, hash-chained appends. Every ``CHECKPOINT_EVERY_STEPS`` steps the
 agent marks a step boundary (``ctx.checkpoint()``), where the engine's default snapshot
 policy may write a snapshot. Concurrent tasks share one worker process, whose appends are
-group-committed. Resume is :func:`wal_engine.resume.resume` on a fresh connection.
+group-committed. Resume is :func:`wal_engine.runtime.resume.resume` on a fresh connection.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from benchmarks.peers_workload import (
 )
 from replay.snapshot import encode_state
 from wal_engine import limits
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine, connect
-from wal_engine.resume import resume
+from wal_engine.runtime.context import AgentContext
+from wal_engine.runtime.resume import resume
 from wal_engine.store import Database, Store
 from wal_engine.store.connection import session_settings
 

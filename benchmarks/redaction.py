@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks import harness
-from wal_engine.redaction import DEFAULT_PATTERNS, CredentialPattern, DefaultRedactor
+from wal_engine.security.redaction import DEFAULT_PATTERNS, CredentialPattern, DefaultRedactor
 from wal_engine.testing.hostile_text import KIB, hostile_text
 
 NAME: Final = "redaction"

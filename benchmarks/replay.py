@@ -6,7 +6,7 @@
   decoded events and over stored rows (JSON decode included). Target: 300,000 events/s.
 * **resume**: for tasks of 1,000, 10,000 and 100,000 events (``--quick``: the first two),
   each operation opens a fresh connection (not timed, reported apart), then times
-  ``wal_engine.resume.read_state`` with the latest snapshot (at the last checkpoint, a few
+  ``wal_engine.runtime.resume.read_state`` with the latest snapshot (at the last checkpoint, a few
   events before the head), and without it (the whole log folded). The reference is the
   **floor**: the same snapshot's state as one row holding the whole state (``encode_state``,
   kept in ``bench_replay_floor``), selected and msgpack-decoded on a fresh connection; resume
@@ -37,7 +37,7 @@ from wal_engine import events as vocabulary
 from wal_engine import limits
 from wal_engine.chain import GENESIS_HASH, event_hash
 from wal_engine.errors import UnknownTask
-from wal_engine.resume import read_state, save_snapshot
+from wal_engine.runtime.resume import read_state, save_snapshot
 from wal_engine.state_machine import Status
 from wal_engine.store import Database, Store, TaskHead
 from wal_engine.store.connection import session_settings

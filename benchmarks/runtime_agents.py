@@ -11,8 +11,8 @@ import asyncio
 import sys
 from typing import Any, Final
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine, connect
+from wal_engine.runtime.context import AgentContext
 
 MESSAGE_BYTES: Final = 500
 RESULT_BYTES: Final = 1000

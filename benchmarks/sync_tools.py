@@ -4,7 +4,7 @@ tool run on the event loop (issue 15 moved sync tools off the loop; this is what
 Workloads (the async tool is the reference of the same run):
 
 * ``dispatch``: one call of the tool function as the runtime makes it
-  (``wal_engine.context.call_function``): an ``async def`` awaited on the loop, against a
+  (``wal_engine.runtime.context.call_function``): an ``async def`` awaited on the loop, against a
   ``def`` handed to a thread pool like the worker's and awaited. Nothing else is timed:
   this is the executor hop alone.
 * ``tool_step``: one ``ctx.tool`` call inside a running agent, through a real worker (its
@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from benchmarks import harness
-from wal_engine.context import AgentContext, call_function
 from wal_engine.engine import Engine, connect
+from wal_engine.runtime.context import AgentContext, call_function
 
 AGENT: Final = "bench-sync-tools"
 ARGUMENT: Final = {"order": 42, "items": ["a", "b", "c"]}

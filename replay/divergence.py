@@ -3,7 +3,7 @@
 Re-running agent code against its history is only sound if the code makes the same calls in
 the same order. When it does not, the journal cursor raises :class:`NonDeterminismError`
 with the seq where the histories part, both sides, and the fork point: the last seq before
-the divergence. Forking the task there (``wal_engine.resume.fork``) keeps everything up to
+the divergence. Forking the task there (``wal_engine.runtime.resume.fork``) keeps everything up to
 the divergence and lets today's code continue from it.
 """
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from wal_engine.redis_store import RedisGatewayStore
+from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.testing.redis_server import RedisServer, RedisUnavailable, redis_binary
 
 _tenants = itertools.count(1)

@@ -14,6 +14,7 @@ import structlog
 
 from replay.state import CallStatus
 from wal_engine import limits
+from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -21,12 +22,13 @@ from wal_engine.errors import (
     ReconcileRefused,
 )
 from wal_engine.events import Budget, ToolCallUncertain
-from wal_engine.group_commit import GroupCommitter
-from wal_engine.hooks import NO_HOOKS, AgentHooks
-from wal_engine.idempotency import IdempotencyGateway
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
 from wal_engine.payloads import encode_payload
-from wal_engine.redaction import (
+from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
+from wal_engine.runtime.resume import SnapshotPolicy
+from wal_engine.runtime.run import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
+from wal_engine.runtime.worker import Worker, WorkerConfig
+from wal_engine.security.redaction import (
     Redactor,
     SecretResolver,
     default_redactor,
@@ -34,16 +36,14 @@ from wal_engine.redaction import (
     redact_bounded,
     redact_text,
 )
-from wal_engine.resume import SnapshotPolicy
-from wal_engine.runtime import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
 from wal_engine.store.connection import CONNECTION_ERRORS
-from wal_engine.worker import Worker, WorkerConfig
+from wal_engine.store.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
     from replay.state import AgentState
-    from wal_engine.context import AgentContext
+    from wal_engine.runtime.context import AgentContext
 
 log = structlog.get_logger(__name__)
 
@@ -136,7 +136,7 @@ class Engine:
                 deploy old workers drain old tasks while new ones start on the new code.
             compatible: Older versions whose tasks this code continues correctly (their
                 changes are behind ``ctx.patched``); ``wal-engine replay --all`` checks it.
-            hooks: Recovery hooks (:class:`~wal_engine.hooks.AgentHooks`).
+            hooks: Recovery hooks (:class:`~wal_engine.runtime.hooks.AgentHooks`).
         """
         if not name or len(name) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
@@ -340,13 +340,13 @@ class Engine:
 
     async def fork(self, task_id: str, at_seq: int) -> TaskId:
         """A new task continuing a prefix of ``task_id``'s history up to ``at_seq``."""
-        from wal_engine.resume import fork
+        from wal_engine.runtime.resume import fork
 
         return TaskId(await fork(self.store, task_id, at_seq))
 
     async def state(self, task_id: str) -> AgentState:
         """The task's folded state (latest snapshot plus the tail of the log)."""
-        from wal_engine.resume import resume
+        from wal_engine.runtime.resume import resume
 
         return await resume(self.store, task_id)
 
@@ -438,7 +438,7 @@ async def connect(
         payload_bytes_max: The cap on one event's encoded payload; at most the database's
             own ceiling (``limits.payload_bytes_ceiling``, a CHECK on the log).
         redactor: Applied to every input, intent, result, message and signal before it is
-            hashed and written (:mod:`wal_engine.redaction`); None stores values as given.
+            hashed and written (:mod:`wal_engine.security.redaction`); None stores values as given.
         secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
             and LLM requests just before each attempt; the values are never stored.
         statement_timeout_ms: The ``statement_timeout`` every engine session sends at its
@@ -446,7 +446,7 @@ async def connect(
         recovery_attempts_max: How many times a task may be claimed again after its
             runs were lost (crashes, expired leases) before it is dead-lettered.
         development: Whether a refusal of the start-up security self-test
-            (:mod:`wal_engine.security`: superuser, BYPASSRLS, owner of the log) is only
+            (:mod:`wal_engine.security.roles`: superuser, BYPASSRLS, owner of the log) is only
             logged. None decides from the setup: the embedded server and
             ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
     """

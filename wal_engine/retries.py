@@ -43,7 +43,7 @@ class DidNotAct(Exception):
 
 class LeaseExpired(DidNotAct):
     """The worker can no longer trust its lease (by its own clock), so the attempt did not
-    act: raised by :func:`wal_engine.context.ensure_lease` inside a tool, right before its
+    act: raised by :func:`wal_engine.runtime.context.ensure_lease` inside a tool, right before its
     irreversible part, and recorded by the engine when an attempt was due on such a lease.
     The call is then made by the task's next owner, under the same key."""
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext, current_call
 
 EFFECTS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS fault_effects (

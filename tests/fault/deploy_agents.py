@@ -29,10 +29,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
-from wal_engine.hooks import AgentHooks, HookEvent, HookFunction
 from wal_engine.retries import RetryPolicy
+from wal_engine.runtime.context import AgentContext, current_call
+from wal_engine.runtime.hooks import AgentHooks, HookEvent, HookFunction
 from wal_engine.testing.ledger import EffectLedger
 
 AGENT: Final = "deployed"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.ledger import Behaviour, EffectLedger
 
 REGISTER: Final = "tests.fault.effect_agents:register"

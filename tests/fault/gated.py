@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext, current_call
 from wal_engine.testing.ledger import EffectLedger
 
 GATED: Final = "gated"

@@ -1,9 +1,10 @@
 """Agents for the gateway fault tests: HTTP tools sent through ``wal-engine gateway``.
 
-``http_charges`` posts ``charges`` times to ``input["url"]`` with :func:`wal_engine.http.http_tool`,
+``http_charges`` posts ``charges`` times to ``input["url"]`` with
+:func:`wal_engine.effects.http.http_tool`,
 so each call carries its idempotency key as the ``Idempotency-Key`` header; the upstream
 behind the gateway counts mutations per key. ``redis_effects`` acts through
-:class:`~wal_engine.idempotency.IdempotencyGateway` on a Redis store (``input["redis"]``) and
+:class:`~wal_engine.effects.gateway.IdempotencyGateway` on a Redis store (``input["redis"]``) and
 counts its acts per key in ``gateway_acts``.
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from wal_engine.context import AgentContext, current_call
+from wal_engine.effects.gateway import IdempotencyGateway
+from wal_engine.effects.http import http_tool
+from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.engine import Engine
-from wal_engine.http import http_tool
-from wal_engine.idempotency import IdempotencyGateway
-from wal_engine.redis_store import RedisGatewayStore
+from wal_engine.runtime.context import AgentContext, current_call
 
 ACTS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS gateway_acts (key text PRIMARY KEY, acts integer NOT NULL)

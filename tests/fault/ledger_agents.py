@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
 from wal_engine.retries import RetryPolicy
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.ledger import EffectLedger
 
 AGENT: Final = "ledgered"

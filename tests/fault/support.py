@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from tests.fault import ledger_agents
 from wal_engine.engine import Engine
+from wal_engine.runtime.worker import Worker
 from wal_engine.testing.invariants import (
     AckRecorder,
     Violation,
@@ -33,7 +34,6 @@ from wal_engine.testing.ledger import (
     effect_rows,
     totals,
 )
-from wal_engine.worker import Worker
 
 REPO: Final = Path(__file__).resolve().parents[2]
 LEDGERED: Final = "tests.fault.ledger_agents:register"

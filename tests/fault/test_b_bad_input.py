@@ -19,7 +19,6 @@ from tests.fault import ledger_agents
 from tests.fault.support import DEEP, check_everything, ledgered_engine, report
 from tests.helpers import log_snapshot
 from wal_engine.chain import event_hash
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
 from wal_engine.errors import (
     CorruptionError,
@@ -28,6 +27,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.payloads import encode_payload
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import drive_to_quiescence, run_worker_until_idle
 from wal_engine.testing.invariants import Violation
 from wal_engine.testing.ledger import EffectLedger

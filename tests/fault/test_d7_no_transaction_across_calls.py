@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 
 from tests.fault.support import check_everything, report
-from wal_engine.context import AgentContext
 from wal_engine.engine import connect
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import run_worker_until_idle
 from wal_engine.testing.invariants import Violation
 from wal_engine.testing.ledger import EffectLedger

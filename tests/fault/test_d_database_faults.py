@@ -26,6 +26,7 @@ from tests.fault.support import (
 )
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable
+from wal_engine.runtime.worker import Worker
 from wal_engine.store import Database
 from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.testing.crash import open_tasks
@@ -33,7 +34,6 @@ from wal_engine.testing.invariants import AckRecorder, Violation
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.postgres import DatabaseFactory, TestServer
 from wal_engine.testing.processes import wait_until
-from wal_engine.worker import Worker
 
 CHAOS_TIMINGS: dict[str, Any] = {"lease_ttl_ms": 2000, "heartbeat_ms": 300, "poll_ms": 50,
                                  "sweep_ms": 200, "drain_timeout_s": 5.0}

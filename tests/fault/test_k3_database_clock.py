@@ -36,9 +36,9 @@ from tests.fault.support import (
 )
 from tests.fault.test_d_database_faults import _all_done, _workers
 from tests.fault.test_k_clock_faults import faketime_env, needs_faketime
-from wal_engine.context import AgentContext
 from wal_engine.embedded import EmbeddedPostgres
 from wal_engine.engine import Engine, connect
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import crash_at, run_worker_until_idle
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.processes import wait_until

@@ -24,10 +24,10 @@ from tests.fault.support import (
 )
 from wal_engine.engine import Engine
 from wal_engine.retries import RetryPolicy, backoff_delay_s
+from wal_engine.runtime.worker import WorkerConfig
 from wal_engine.testing.crash import open_tasks
 from wal_engine.testing.invariants import Violation
 from wal_engine.testing.processes import WorkerPool, wait_until
-from wal_engine.worker import WorkerConfig
 
 LIBFAKETIME = next((path for path in (
     Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),

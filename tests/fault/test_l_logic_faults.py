@@ -12,10 +12,10 @@ import pytest
 
 from tests.fault import ledger_agents
 from tests.fault.support import check_everything, expected_output, report
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
 from wal_engine.errors import IllegalTransition, TaskAlreadyExists
-from wal_engine.replay_check import replay_events
+from wal_engine.runtime.context import AgentContext
+from wal_engine.runtime.replayer import replay_events
 from wal_engine.state_machine import TRANSITIONS, Status, check_path
 from wal_engine.testing.crash import (
     default_responder,

@@ -27,13 +27,13 @@ from tests.fault.support import (
 from wal_engine.engine import Engine
 from wal_engine.errors import AmbiguousCommit, DatabaseUnavailable
 from wal_engine.events import Budget
+from wal_engine.runtime.worker import Worker
 from wal_engine.store import Database, queries
 from wal_engine.testing.crash import connect_engine, open_database, open_tasks
 from wal_engine.testing.invariants import AckRecorder, Violation
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.processes import wait_until
 from wal_engine.testing.proxy import FaultProxy
-from wal_engine.worker import Worker
 
 APPENDS = (queries.OBSERVE_ONE, queries.OBSERVE_MANY, queries.TRANSITION, queries.APPEND_MANY)
 """Every statement that appends events (one commit each)."""

@@ -12,8 +12,8 @@ import pytest
 
 from tests.integration.gateway_store_suite import claim
 from tests.redis_support import fresh_tenant, require_redis
-from wal_engine.idempotency import Acquired, GatewayStoreUnavailable
-from wal_engine.redis_store import RedisGatewayStore
+from wal_engine.effects.gateway import Acquired, GatewayStoreUnavailable
+from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.testing.redis_server import (
     SENTINEL_MASTER,
     SentinelGroup,

@@ -13,9 +13,9 @@ import pytest_asyncio
 from tests.gateway_support import REPO
 from tests.integration.gateway_store_suite import claim
 from tests.redis_support import fresh_tenant, require_redis
+from wal_engine.effects.gateway import Acquired
+from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.engine import Engine, connect
-from wal_engine.idempotency import Acquired
-from wal_engine.redis_store import RedisGatewayStore
 from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.testing.processes import WorkerPool, wait_until
 from wal_engine.testing.redis_server import RedisServer

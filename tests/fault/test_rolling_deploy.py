@@ -21,7 +21,7 @@ from tests.fault import deploy_agents as agents
 from tests.fault.conftest import REPO
 from tests.fault.support import report
 from wal_engine.engine import Engine, connect
-from wal_engine.replay_check import check_tasks
+from wal_engine.runtime.replayer import check_tasks
 from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.testing.crash import advance_timers
 from wal_engine.testing.invariants import Violation

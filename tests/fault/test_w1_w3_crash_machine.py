@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.fault import ledger_agents
-from wal_engine import demo
+from wal_engine.cli import demo
 from wal_engine.testing.machine import (
     AgentUnderTest,
     MachineStats,

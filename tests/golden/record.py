@@ -24,9 +24,9 @@ from typing import Any, Final
 import asyncpg
 
 from tests.fault import deploy_agents, ledger_agents
-from wal_engine import demo
+from wal_engine.cli import demo
 from wal_engine.engine import Engine, connect
-from wal_engine.hooks import HookEvent
+from wal_engine.runtime.hooks import HookEvent
 from wal_engine.store import queries
 from wal_engine.testing.crash import (
     crash_at,

@@ -19,7 +19,7 @@ from replay.upcasting import upcasters
 from tests.golden.record import HISTORIES, register_all
 from wal_engine.engine import Engine, connect
 from wal_engine.events import EVENT_TYPES
-from wal_engine.replay_check import replay_events
+from wal_engine.runtime.replayer import replay_events
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.replay import insert_history, load_history, mismatch, verify_history
 
@@ -105,7 +105,7 @@ async def test_l5_a_tampered_golden_history_is_refused(engine: Engine) -> None:
 
 async def test_l5_changed_code_diverges_from_a_golden_history(engine: Engine) -> None:
     """Today's code with two calls swapped diverges from the recorded demo history."""
-    from wal_engine import demo
+    from wal_engine.cli import demo
 
     records = load_history(HISTORIES / "demo_completed.jsonl")
     original = engine.agents[demo.AGENT_NAME].function

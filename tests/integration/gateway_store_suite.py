@@ -1,7 +1,7 @@
 """The abstract test suite every gateway store runs (the eventsourcing pattern).
 
 A module subclasses :class:`GatewayStoreSuite` and defines the fixture ``gateway_store``;
-the rules tested here are the ones :class:`wal_engine.idempotency.GatewayStore` states.
+the rules tested here are the ones :class:`wal_engine.effects.gateway.GatewayStore` states.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from wal_engine.idempotency import (
+from wal_engine.effects.gateway import (
     Acquired,
     Claim,
     EffectFailed,

@@ -11,8 +11,8 @@ from typing import Any, Final
 
 import asyncpg
 
-from wal_engine.security import APP_ROLE, apply_security, dsn_for_role
-from wal_engine.tenants import TenantCredentials, create_tenant
+from wal_engine.security.roles import APP_ROLE, apply_security, dsn_for_role
+from wal_engine.security.tenants import TenantCredentials, create_tenant
 
 STRAY_SUFFIX: Final = "_stray"
 

@@ -14,11 +14,11 @@ import orjson
 import structlog
 from click.testing import CliRunner, Result
 
-from wal_engine import logs
 from wal_engine.cli import main
-from wal_engine.context import AgentContext, LlmResponse
 from wal_engine.engine import Engine
+from wal_engine.observability import logs
 from wal_engine.retries import RetryPolicy, TransientError
+from wal_engine.runtime.context import AgentContext, LlmResponse
 
 __test__ = False  # Helpers, not tests.
 
@@ -36,7 +36,7 @@ def tool(name: str, result: Any, fail_first: int = 0) -> Any:
     """A tool counting its real calls; the first ``fail_first`` attempts of each call (per
     idempotency key) fail transiently."""
     async def run(args: Any) -> Any:
-        from wal_engine.context import current_call
+        from wal_engine.runtime.context import current_call
 
         CALLS[name] += 1
         claim = current_call()

@@ -14,8 +14,8 @@ import pytest
 from tests.helpers import task_with_messages
 from tests.integration.tenant_roles import TenantRoles
 from tests.integration.test_cli_agents import cli, lines, one_error_line
-from wal_engine.anchor import read_anchor
-from wal_engine.security import APP_ROLE, DEVELOPMENT_ENV, dsn_for_role
+from wal_engine.audit.anchor import read_anchor
+from wal_engine.security.roles import APP_ROLE, DEVELOPMENT_ENV, dsn_for_role
 from wal_engine.store import Store
 
 BYPASS_ROLE = "cli_dev_bypass"

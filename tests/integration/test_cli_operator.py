@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.integration.test_cli_agents import cli, drive, lines, one_error_line
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import crash_at, expire_leases, run_worker_until_idle
 
 CHARGES: list[Any] = []

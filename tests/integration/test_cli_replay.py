@@ -1,4 +1,4 @@
-"""``wal-engine replay`` and ``wal_engine.replay_check``: today's code against recorded
+"""``wal-engine replay`` and ``wal_engine.runtime.replayer``: today's code against recorded
 histories, with no call and no write."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tests.helpers import log_snapshot
 from tests.integration import test_cli_agents as agents
 from tests.integration.test_cli_agents import cli, drive, drive_until, lines, one_error_line
 from wal_engine.engine import Engine
-from wal_engine.replay_check import check_history, replay_events
+from wal_engine.runtime.replayer import check_history, replay_events
 from wal_engine.state_machine import Status
 
 SPEC = "tests.integration.test_cli_agents:"
@@ -155,7 +155,7 @@ async def test_replay_errors_are_one_line(engine: Engine, database_dsn: str) -> 
                        database_dsn)
     assert broken.exit_code == 2
     assert "RuntimeError: agent module misconfigured" in one_error_line(broken)
-    missing = await cli("replay", task_id, "--agents", "wal_engine.demo:register", "--dsn",
+    missing = await cli("replay", task_id, "--agents", "wal_engine.cli.demo:register", "--dsn",
                         database_dsn)
     assert missing.exit_code == 4 and "'cli-echo' is not registered" in one_error_line(missing)
 

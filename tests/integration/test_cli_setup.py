@@ -9,9 +9,9 @@ import urllib.parse
 import asyncpg
 
 from tests.integration.test_cli_agents import cli, lines, one_error_line
-from wal_engine.security import InsecureSetup
+from wal_engine.security.roles import InsecureSetup
+from wal_engine.security.tenants import scram_verifier
 from wal_engine.store.connection import SCHEMA_VERSION
-from wal_engine.tenants import scram_verifier
 
 OWNER = "walt_setup_owner"
 APP = "walt_setup_app"

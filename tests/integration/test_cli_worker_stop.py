@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "tests.integration.test_cli_worker_stop:register"

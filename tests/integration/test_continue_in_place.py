@@ -9,9 +9,9 @@ from typing import Any
 
 import asyncpg
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine, connect
-from wal_engine.resume import RESUME_HEAD
+from wal_engine.runtime.context import AgentContext
+from wal_engine.runtime.resume import RESUME_HEAD
 from wal_engine.state_machine import Status
 from wal_engine.store import queries
 from wal_engine.testing.crash import run_worker_until_idle

@@ -10,10 +10,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine, connect
-from wal_engine.hooks import AgentHooks, HookEvent
-from wal_engine.replay_check import check_history, check_tasks
+from wal_engine.runtime.context import AgentContext
+from wal_engine.runtime.hooks import AgentHooks, HookEvent
+from wal_engine.runtime.replayer import check_history, check_tasks
 from wal_engine.state_machine import Status
 from wal_engine.testing.crash import crash_at
 from wal_engine.testing.proxy import FaultProxy

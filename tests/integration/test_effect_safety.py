@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import escalations
-from wal_engine.context import AgentContext, current_call
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput, ReconcileRefused
 from wal_engine.retries import DidNotAct, RetryPolicy
+from wal_engine.runtime.context import AgentContext, current_call
 from wal_engine.state_machine import Status
 from wal_engine.testing.crash import run_worker_until_idle
 

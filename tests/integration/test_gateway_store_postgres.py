@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest_asyncio
 
 from tests.integration.gateway_store_suite import GatewayStoreSuite
-from wal_engine.idempotency import PostgresGatewayStore
+from wal_engine.effects.gateway import PostgresGatewayStore
 from wal_engine.store import Database
 
 

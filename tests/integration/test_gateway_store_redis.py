@@ -8,8 +8,8 @@ import pytest_asyncio
 
 from tests.integration.gateway_store_suite import GatewayStoreSuite, claim
 from tests.redis_support import fresh_tenant, redis_server, redis_store
-from wal_engine.idempotency import Acquired
-from wal_engine.redis_store import RedisGatewayStore
+from wal_engine.effects.gateway import Acquired
+from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.testing.redis_server import RedisServer
 
 __all__ = ["redis_server", "redis_store"]  # Fixtures used by this module's tests.

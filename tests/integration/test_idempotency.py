@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from wal_engine.idempotency import Claim, EffectFailed, IdempotencyGateway, StaleEpoch
+from wal_engine.effects.gateway import Claim, EffectFailed, IdempotencyGateway, StaleEpoch
 from wal_engine.store import Database
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 
 from tests.secret_samples import EVASIONS, FORMATS, STRUCTURED_EVASIONS
-from wal_engine.context import AgentContext, ToolError
 from wal_engine.engine import connect
+from wal_engine.runtime.context import AgentContext, ToolError
 from wal_engine.state_machine import Status
 
 FAST: dict[str, Any] = {"lease_ttl_ms": 2000, "heartbeat_ms": 300, "poll_ms": 50,

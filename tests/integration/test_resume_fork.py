@@ -24,7 +24,7 @@ from wal_engine.errors import (
     TaskAlreadyExists,
     UnknownTask,
 )
-from wal_engine.resume import (
+from wal_engine.runtime.resume import (
     delete_snapshots,
     fork,
     latest_snapshot_seq,
@@ -507,9 +507,9 @@ async def test_worker_drops_a_corrupt_snapshot_and_folds_the_log(
     """A snapshot is derived data: a worker resuming a task whose snapshot lost a segment
     (a racing fenced writer's pruning, or bit rot) folds the log instead, drops the bad
     snapshot, and the task completes as if nothing happened."""
-    from wal_engine.context import AgentContext
     from wal_engine.engine import connect
-    from wal_engine.resume import SnapshotPolicy
+    from wal_engine.runtime.context import AgentContext
+    from wal_engine.runtime.resume import SnapshotPolicy
 
     monkeypatch.setattr(snapshot_module, "segment_items", 2)
     engine = await connect(database_dsn, migrate=False, snapshot_policy=SnapshotPolicy(

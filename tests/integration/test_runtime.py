@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from wal_engine import failpoints
-from wal_engine.context import AgentContext, LlmResponse, ToolError
 from wal_engine.engine import Engine
 from wal_engine.events import Budget
 from wal_engine.retries import PermanentError, RetryPolicy, TransientError
+from wal_engine.runtime.context import AgentContext, LlmResponse, ToolError
 from wal_engine.state_machine import Status
 
 FAST: dict[str, Any] = {"lease_ttl_ms": 600, "heartbeat_ms": 150, "poll_ms": 50, "sweep_ms": 100}
@@ -40,7 +40,7 @@ class Effects:
     def tool(self, name: str, result: Any = "ok", fail_first: int = 0,
              error: type[Exception] = TransientError) -> Any:
         async def run(args: Any) -> Any:
-            from wal_engine.context import current_call
+            from wal_engine.runtime.context import current_call
 
             claim = current_call()
             self.keys.append(None if claim is None else claim.key)
@@ -243,7 +243,7 @@ async def test_signal_wakes_a_waiting_task(engine: Engine) -> None:
 
 async def test_signal_wait_times_out(engine: Engine) -> None:
     """A wait with a timeout and no signal raises SignalTimeout inside the agent."""
-    from wal_engine.context import SignalTimeout
+    from wal_engine.runtime.context import SignalTimeout
 
     @engine.agent("impatient")
     async def impatient(ctx: AgentContext, task_input: Any) -> Any:

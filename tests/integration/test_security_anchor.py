@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import task_with_messages
 from wal_engine import events as ev
-from wal_engine.anchor import (
+from wal_engine.audit.anchor import (
     AnchoredHead,
     AnchorInvalid,
     create_anchor,
@@ -152,7 +152,7 @@ async def test_signed_anchor_verifies_and_a_tampered_file_does_not(store: Store,
     """An Ed25519-signed anchor verifies with its public key; an edited file, or a check
     against another key, is refused."""
     pytest.importorskip("cryptography")
-    from wal_engine.anchor import generate_signing_key, load_public_key
+    from wal_engine.audit.anchor import generate_signing_key, load_public_key
 
     await _task(store, "t")
     private_pem, public_pem = generate_signing_key()

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from tests.integration.test_security_redaction import _hits, _pg_dump
-from wal_engine.context import AgentContext
-from wal_engine.encryption import EnvelopeInvalid, KeyShredded, PayloadCipher, is_sealed
 from wal_engine.engine import connect
-from wal_engine.redaction import default_redactor
+from wal_engine.runtime.context import AgentContext
+from wal_engine.security.encryption import EnvelopeInvalid, KeyShredded, PayloadCipher, is_sealed
+from wal_engine.security.redaction import default_redactor
 from wal_engine.state_machine import Status
 
-# wal_engine.encryption imports cryptography only when a cipher is made.
+# wal_engine.security.encryption imports cryptography only when a cipher is made.
 pytest.importorskip("cryptography")
 
 DOCUMENT = "canary-confidential-document-3f1d"

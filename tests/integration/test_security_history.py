@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import claim, log_snapshot
 from wal_engine import events as ev
-from wal_engine.anchor import create_anchor, verify_anchor
+from wal_engine.audit.anchor import create_anchor, verify_anchor
 from wal_engine.chain import event_hash_v2
 from wal_engine.engine import Engine
 from wal_engine.store import Database, Store

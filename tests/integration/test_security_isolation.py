@@ -27,15 +27,14 @@ from tests.integration.tenant_roles import TenantRoles, secure
 from tests.integration.tenant_roles import sqlstate as _sqlstate
 from tests.integration.test_cli_agents import lines, one_error_line
 from wal_engine import events as ev
-from wal_engine import logs
 from wal_engine.cli import main
+from wal_engine.effects.gateway import Claim
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable, InvalidInput, TenantRoleRefused
-from wal_engine.idempotency import Claim
-from wal_engine.resume import resume, save_snapshot
-from wal_engine.security import APP_ROLE, OWNER_ROLE, InsecureSetup
-from wal_engine.store import queries
-from wal_engine.tenants import (
+from wal_engine.observability import logs
+from wal_engine.runtime.resume import resume, save_snapshot
+from wal_engine.security.roles import APP_ROLE, OWNER_ROLE, InsecureSetup
+from wal_engine.security.tenants import (
     TenantExists,
     create_tenant,
     disable_tenant,
@@ -45,6 +44,7 @@ from wal_engine.tenants import (
     scram_verifier,
     tenant_role_name,
 )
+from wal_engine.store import queries
 from wal_engine.testing.postgres import start_embedded_server
 
 TENANT_A = "tenant-a"

@@ -12,9 +12,10 @@ import pytest
 import structlog
 
 from wal_engine import events as ev
-from wal_engine.context import AgentContext, LlmResponse
 from wal_engine.engine import Engine, connect
-from wal_engine.redaction import (
+from wal_engine.retries import TransientError
+from wal_engine.runtime.context import AgentContext, LlmResponse
+from wal_engine.security.redaction import (
     REDACTED,
     DefaultRedactor,
     SecretUnavailable,
@@ -25,7 +26,6 @@ from wal_engine.redaction import (
     secret_ref,
     structlog_processor,
 )
-from wal_engine.retries import TransientError
 from wal_engine.state_machine import Status
 
 FAST: dict[str, Any] = {"lease_ttl_ms": 2000, "heartbeat_ms": 300, "poll_ms": 50,
@@ -115,7 +115,7 @@ def test_structlog_processor_redacts_log_fields() -> None:
 
 async def test_secret_resolvers() -> None:
     """Resolvers read a mapping or the environment and name what is missing."""
-    from wal_engine.redaction import resolve_secret_refs
+    from wal_engine.security.redaction import resolve_secret_refs
 
     value, used = await resolve_secret_refs({"k": secret_ref("a"), "n": 1},
                                             mapping_secrets({"a": "sa"}))

@@ -24,7 +24,7 @@ from wal_engine.errors import (
     InvalidInput,
     LeaseLost,
 )
-from wal_engine.security import (
+from wal_engine.security.roles import (
     APP_ROLE,
     OWNER_ROLE,
     InsecureSetup,
@@ -32,8 +32,8 @@ from wal_engine.security import (
     check_runtime_role,
     dsn_for_role,
 )
+from wal_engine.security.tenants import create_tenant
 from wal_engine.store import Database, Store
-from wal_engine.tenants import create_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 INSUFFICIENT_PRIVILEGE = "42501"

@@ -1,5 +1,5 @@
 """Multi-tenancy on real PostgreSQL (RELIABILITY.md S4, S5; issues 9 and 16), as tenants'
-own login roles (wal_engine.tenants), never as a superuser: a tenant sees and changes only
+own login roles (wal_engine.security.tenants), never as a superuser: a tenant sees and changes only
 its own rows through every API and SQL function, a role mapped to no tenant sees nothing,
 tenant ids are validated, the per-tenant caps hold, and a database of schema version 1 is
 migrated. (tests/integration/test_security_isolation.py attacks with arbitrary SQL.)
@@ -30,8 +30,9 @@ from hypothesis import strategies as st
 from tests.integration.tenant_roles import TenantRoles
 from tests.integration.tenant_roles import sqlstate as _sqlstate
 from wal_engine import events as ev
-from wal_engine.anchor import AnchorInvalid, create_anchor, verify_anchor
+from wal_engine.audit.anchor import AnchorInvalid, create_anchor, verify_anchor
 from wal_engine.chain import event_hash
+from wal_engine.effects.gateway import Claim
 from wal_engine.engine import Engine, connect, wake_token
 from wal_engine.errors import (
     ConfigurationError,
@@ -42,9 +43,8 @@ from wal_engine.errors import (
     TenantRoleRefused,
     UnknownTask,
 )
-from wal_engine.idempotency import Claim
 from wal_engine.ids import validate_tenant
-from wal_engine.resume import resume, save_snapshot
+from wal_engine.runtime.resume import resume, save_snapshot
 from wal_engine.store import PendingAppend, queries
 from wal_engine.store.connection import SCHEMA_VERSION, apply_schema
 

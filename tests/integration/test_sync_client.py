@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from wal_engine.context import AgentContext
 from wal_engine.engine import Engine
+from wal_engine.runtime.context import AgentContext
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

@@ -19,11 +19,11 @@ import pytest
 from tests.helpers import claim
 from tests.integration.test_cli_agents import FAST, cli, lines, scripted_llm, tool
 from wal_engine import failpoints
-from wal_engine.context import AgentContext
+from wal_engine.audit.timeline import read_timeline
 from wal_engine.engine import Engine
 from wal_engine.events import Budget
 from wal_engine.retries import RetryPolicy
-from wal_engine.timeline import read_timeline
+from wal_engine.runtime.context import AgentContext
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -98,7 +98,7 @@ async def test_timeline_model_covers_workers_calls_retries_waits_and_budget(
 
 async def test_timeline_refuses_an_oversized_window(engine: Engine, tmp_path: Path) -> None:
     """More events than one page draws: a clear error naming --from and --to."""
-    from wal_engine import timeline
+    from wal_engine.audit import timeline
 
     engine.register("audited", audited)
     task_id = await engine.submit("audited", {"q": "t"})

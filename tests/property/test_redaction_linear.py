@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from wal_engine import events as ev
 from wal_engine.errors import PayloadTooLarge
-from wal_engine.redaction import (
+from wal_engine.security.redaction import (
     DEFAULT_PATTERNS,
     DefaultRedactor,
     check_size,

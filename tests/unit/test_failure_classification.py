@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from wal_engine.context import CallTimedOut
 from wal_engine.retries import (
     DidNotAct,
     Disposition,
@@ -15,6 +14,7 @@ from wal_engine.retries import (
     TransientError,
     classify_failure,
 )
+from wal_engine.runtime.context import CallTimedOut
 
 POLICY = RetryPolicy(max_attempts=3, did_not_act_on=("RefusedByGateway",))
 

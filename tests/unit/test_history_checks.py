@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from wal_engine import events as ev
-from wal_engine.anchor import AnchorInvalid, read_anchor
+from wal_engine.audit.anchor import AnchorInvalid, read_anchor
 from wal_engine.budgets import validate_budget
 from wal_engine.chain import GENESIS_HASH, event_hash, event_hash_v2, row_hash
 from wal_engine.errors import InvalidInput, InvalidTaskId

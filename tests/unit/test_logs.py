@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from wal_engine.errors import ConfigurationError
-from wal_engine.logs import LEVEL_ENV, configure_logging, reset_logging
+from wal_engine.observability.logs import LEVEL_ENV, configure_logging, reset_logging
 
 
 class Terminal(io.StringIO):
@@ -40,7 +40,7 @@ def test_json_lines_when_not_a_terminal_with_the_task_context_bound() -> None:
     stream = io.StringIO()
     configure_logging(stream=stream)
     structlog.contextvars.bind_contextvars(task_id="t-1", seq=7, epoch=2, worker_id="w-1")
-    structlog.get_logger("wal_engine.runtime").info("task_completed", output_bytes=3)
+    structlog.get_logger("wal_engine.runtime.run").info("task_completed", output_bytes=3)
     (line,) = stream.getvalue().splitlines()
     record = orjson.loads(line)
     assert record["event"] == "task_completed" and record["level"] == "info"
@@ -101,8 +101,9 @@ def test_lines_go_to_the_current_stderr(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_importing_the_library_configures_nothing() -> None:
     """A library never configures logging on import (only entry points do)."""
-    code = ("import structlog, wal_engine.engine, wal_engine.worker, wal_engine.cli, "
-            "wal_engine.logs, wal_engine.timeline, wal_engine.replay_check; "
+    code = ("import structlog, wal_engine.engine, wal_engine.runtime.worker, wal_engine.cli, "
+            "wal_engine.observability.logs, wal_engine.audit.timeline, "
+            "wal_engine.runtime.replayer; "
             "print(structlog.is_configured())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from wal_engine import metrics
+from wal_engine.observability import metrics
 
 needs_extra = pytest.mark.skipif(not metrics.available(),
                                  reason="the metrics extra (prometheus-client) is not installed")
@@ -96,7 +96,7 @@ def test_without_the_extra_every_hook_is_free_and_serve_says_how_to_install() ->
     code = textwrap.dedent("""
         import sys, time
         sys.modules["prometheus_client"] = None  # The extra is not installed.
-        from wal_engine import metrics
+        from wal_engine.observability import metrics
         from wal_engine.errors import ConfigurationError
         assert not metrics.available() and metrics.instruments() is None
         def no_clock():

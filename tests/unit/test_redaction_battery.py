@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.secret_samples import EVASIONS, FORMATS, STRUCTURED_EVASIONS
-from wal_engine.redaction import REDACTED, DefaultRedactor, is_envelope
+from wal_engine.security.redaction import REDACTED, DefaultRedactor, is_envelope
 
 REDACTOR = DefaultRedactor()
 
@@ -86,7 +86,7 @@ def test_only_real_envelopes_skip_redaction() -> None:
     not base64, a boolean version or a missing tenant is redacted like any value."""
     cryptography = pytest.importorskip("cryptography")
     assert cryptography is not None
-    from wal_engine.encryption import PayloadCipher
+    from wal_engine.security.encryption import PayloadCipher
 
     cipher = PayloadCipher(lambda tenant, version: b"k" * 32)
     envelope: dict[str, Any] = cipher.seal("acme", {"password": "in-the-ciphertext"})

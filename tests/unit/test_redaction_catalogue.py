@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.secret_samples import EVASIONS, FORMATS
-from wal_engine.redaction import DefaultRedactor
-from wal_engine.secret_catalogue import catalogue_available, catalogue_findings, missed_by
+from wal_engine.security.redaction import DefaultRedactor
+from wal_engine.security.secret_catalogue import catalogue_available, catalogue_findings, missed_by
 
 pytestmark = pytest.mark.skipif(not catalogue_available(),
                                 reason="detect-secrets (the catalogue extra) is not installed")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.secret_samples import FORMATS
-from wal_engine.redaction import DEFAULT_PATTERNS, DefaultRedactor
+from wal_engine.security.redaction import DEFAULT_PATTERNS, DefaultRedactor
 
 SAMPLES = {name: secret for name, (secret, _text) in FORMATS.items()}
 

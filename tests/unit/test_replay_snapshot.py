@@ -26,7 +26,7 @@ from replay.snapshot import (
 )
 from wal_engine import events as ev
 from wal_engine.errors import SnapshotCorrupt
-from wal_engine.resume import SnapshotPolicy
+from wal_engine.runtime.resume import SnapshotPolicy
 from wal_engine.state_machine import Status
 
 repo_root = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wal_engine.security import required_settings, weakened_defaults
+from wal_engine.security.roles import required_settings, weakened_defaults
 from wal_engine.store.connection import dsn_requests_read_only, session_settings
 
 REQUIRED = required_settings()

@@ -1,5 +1,5 @@
 """Anchored tamper evidence: ``anchor``, ``anchor-keygen``, and the anchor half of
-``verify --anchor`` (see :mod:`wal_engine.anchor`).
+``verify --anchor`` (see :mod:`wal_engine.audit.anchor`).
 
 An anchor file holds every task's head as it was; kept outside the database, it lets
 ``verify --anchor FILE`` detect a truncated tail or a rewritten chain that the chains alone
@@ -18,7 +18,7 @@ from typing import Final, TypeVar
 import click
 from rich.markup import escape
 
-from wal_engine.anchor import (
+from wal_engine.audit.anchor import (
     Anchor,
     AnchorFinding,
     AnchorInvalid,

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from wal_engine import limits
-from wal_engine.anchor import load_public_key
+from wal_engine.audit.anchor import load_public_key
 from wal_engine.chain import VerifyReport
 from wal_engine.cli.anchoring import check_anchor, read_anchor_file, read_key
 from wal_engine.cli.common import (

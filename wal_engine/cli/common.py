@@ -43,8 +43,8 @@ from wal_engine.errors import (
     SchemaMismatch,
     WalError,
 )
-from wal_engine.logs import configure_logging
-from wal_engine.security import DEVELOPMENT_ENV
+from wal_engine.observability.logs import configure_logging
+from wal_engine.security.roles import DEVELOPMENT_ENV
 from wal_engine.store.connection import DSN_ENV, TENANT_ENV, redact_dsn, resolve_tenant
 
 if TYPE_CHECKING:
@@ -359,7 +359,7 @@ async def install_agents(engine: Engine, spec: str) -> None:
     """Register the agents ``spec`` names on ``engine``.
 
     ``module:attr`` is either a function taking the engine and registering agents on it
-    (``register(engine)``, sync or async, like ``wal_engine.demo:register``), or a mapping
+    (``register(engine)``, sync or async, like ``wal_engine.cli.demo:register``), or a mapping
     of agent names to agent functions (or :class:`~wal_engine.engine.AgentDefinition`).
     """
     from wal_engine.engine import AgentDefinition

@@ -34,7 +34,7 @@ from wal_engine.cli.common import (
     run,
 )
 from wal_engine.errors import SchemaMismatch
-from wal_engine.replay_check import DeployCheck, ReplayReport, replay_timeout_s_default
+from wal_engine.runtime.replayer import DeployCheck, ReplayReport, replay_timeout_s_default
 
 BENCHMARK_SUITE: Final = "benchmarks.suite"
 """The side-by-side suite (``python -m benchmarks``), at the repository root, not in the wheel."""
@@ -112,7 +112,7 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
                   timings: dict[str, Any], until_idle: bool, metrics_port: int | None,
                   metrics_addr: str, dsn: str | None, engine_options: dict[str, Any]
                   ) -> None:
-    from wal_engine import metrics
+    from wal_engine.observability import metrics
 
     server = None if metrics_port is None else metrics.serve(metrics_port, metrics_addr)
     try:
@@ -170,7 +170,7 @@ def replay(task_id: str | None, all_tasks: bool, since: dt.datetime | None,
 
 async def _replay(task_id: str, agents_spec: str, timeout_s: float,
                   dsn: str | None) -> ReplayReport:
-    from wal_engine.replay_check import check_history
+    from wal_engine.runtime.replayer import check_history
     from wal_engine.store.connection import resolve_dsn
 
     # Every transaction of this session is read-only: even a bug cannot write.
@@ -183,7 +183,7 @@ async def _replay(task_id: str, agents_spec: str, timeout_s: float,
 
 async def _replay_all(agents_spec: str, since: dt.datetime | None, finished_sample: int,
                       timeout_s: float, dsn: str | None, as_json: bool) -> DeployCheck:
-    from wal_engine.replay_check import check_tasks
+    from wal_engine.runtime.replayer import check_tasks
     from wal_engine.store.connection import resolve_dsn
 
     def each(report: ReplayReport) -> None:
@@ -263,7 +263,7 @@ def timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
 
 async def _timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
                     dsn: str | None) -> int:
-    from wal_engine.timeline import write_timeline
+    from wal_engine.audit.timeline import write_timeline
 
     async with open_engine(dsn) as engine:
         return await write_timeline(engine.store, task_id, html_path, from_seq=from_seq,
@@ -321,7 +321,7 @@ async def _migrate(dsn: str | None) -> dict[str, Any]:
 @dsn_option
 def demo(dsn: str | None) -> None:
     """Run the crash-and-resume demo end to end on the embedded PostgreSQL."""
-    from wal_engine.demo_show import run_demo
+    from wal_engine.cli.demo_show import run_demo
 
     if not run(run_demo(dsn=dsn), dsn=dsn):
         raise SystemExit(EXIT_FINDING)

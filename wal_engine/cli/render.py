@@ -13,7 +13,7 @@ import msgspec
 import orjson
 
 from replay.state import AgentState
-from wal_engine.anchor import Anchor, AnchorReport
+from wal_engine.audit.anchor import Anchor, AnchorReport
 from wal_engine.chain import VerifyReport
 from wal_engine.store import EventRecord, TaskHead
 

@@ -2,9 +2,9 @@
 says when they are missing.
 
 ``setup --dsn ADMIN_DSN`` connects as a superuser, applies the schema and ``security.sql``
-(:func:`wal_engine.security.apply_security`: an owner role and an application group that
+(:func:`wal_engine.security.roles.apply_security`: an owner role and an application group that
 cannot log in, the group only able to append), then creates the tenant's login role in
-that group (:func:`wal_engine.tenants.create_tenant`, the role ``wal-engine tenant create``
+that group (:func:`wal_engine.security.tenants.create_tenant`, the role ``wal-engine tenant create``
 makes) with a given or generated password, and prints the DSN the application should use.
 The password reaches the server only as a SCRAM-SHA-256 verifier.
 """
@@ -25,7 +25,7 @@ from wal_engine.cli.common import (
     json_option,
     run,
 )
-from wal_engine.security import APP_ROLE, DEVELOPMENT_ENV, OWNER_ROLE, apply_security
+from wal_engine.security.roles import APP_ROLE, DEVELOPMENT_ENV, OWNER_ROLE, apply_security
 
 APP_PASSWORD_ENV: Final = "WAL_ENGINE_APP_PASSWORD"
 role_name_max_chars: Final = 63
@@ -100,8 +100,8 @@ def setup(admin_dsn: str, owner_role: str, app_role: str, login_role: str | None
 
 async def _setup(admin_dsn: str, owner_role: str, app_role: str, tenant: str,
                  login_role: str | None, password: str | None) -> dict[str, Any]:
+    from wal_engine.security.tenants import TenantExists, create_tenant
     from wal_engine.store.connection import _connect_once, read_schema_version
-    from wal_engine.tenants import TenantExists, create_tenant
 
     connection = await _connect_once(admin_dsn)
     try:

@@ -48,7 +48,7 @@ def parse_budget(items: tuple[str, ...]) -> Budget | None:
 async def _warn_if_no_worker_serves(engine: Any, agent: str) -> None:
     """A warning on standard error when no worker registered ``agent`` recently (the task
     would wait until one does): the agents that workers did register, or that none did."""
-    from wal_engine.registry import recent_agents, recent_window_s_default
+    from wal_engine.runtime.registry import recent_agents, recent_window_s_default
 
     served = await recent_agents(engine.database)
     if agent in served:
@@ -209,7 +209,7 @@ def fork(task_id: str, at_seq: int | None, agents_spec: str | None, dsn: str | N
 async def _divergence_point(task_id: str, agents_spec: str, dsn: str | None) -> int:
     """The fork point of the first divergence of today's agents from TASK's history."""
     from wal_engine.cli.common import install_agents
-    from wal_engine.replay_check import check_history
+    from wal_engine.runtime.replayer import check_history
 
     async with open_engine(dsn) as engine:
         await install_agents(engine, agents_spec)

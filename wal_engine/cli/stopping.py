@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 import click
 
 if TYPE_CHECKING:
-    from wal_engine.worker import Worker
+    from wal_engine.runtime.worker import Worker
 
 countdown_interval_s: Final = 1.0
 

@@ -1,5 +1,5 @@
 """``wal-engine tenant create|list|rotate|disable|enable``: the owner's side of tenant
-roles (:mod:`wal_engine.tenants`).
+roles (:mod:`wal_engine.security.tenants`).
 
 These commands run on an administrator's DSN (``--dsn``: a superuser, or CREATEROLE and a
 member of the owner role), never on a tenant's. ``create`` and ``rotate`` print the
@@ -19,9 +19,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from wal_engine import tenants
 from wal_engine.cli.common import console, dsn_option, emit, json_option, run
-from wal_engine.tenants import TenantCredentials
+from wal_engine.security import tenants
+from wal_engine.security.tenants import TenantCredentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,7 +80,7 @@ def create(name: str, dsn: str | None, password_stdin: bool, role: str | None,
     password = _read_password(password_stdin)
 
     async def _create() -> TenantCredentials:
-        from wal_engine.security import apply_security
+        from wal_engine.security.roles import apply_security
 
         async with _admin(dsn) as (connection, resolved):
             await apply_security(connection, migrate=True)

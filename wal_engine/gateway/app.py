@@ -39,11 +39,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
+from wal_engine.effects.gateway import Acquired, Claim, GatewayStore, GatewayStoreUnavailable
 from wal_engine.errors import DatabaseUnavailable
 from wal_engine.gateway.config import RESERVED_PREFIX, GatewayConfig, Route
 from wal_engine.gateway.keys import HEADER, MalformedKey, fingerprint, parse_key, scope_digest
 from wal_engine.gateway.metrics import GatewayMetrics
-from wal_engine.idempotency import Acquired, Claim, GatewayStore, GatewayStoreUnavailable
 
 HOP_HEADERS: Final = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",

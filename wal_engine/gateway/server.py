@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from wal_engine.effects.gateway import GatewayStore, PostgresGatewayStore
 from wal_engine.gateway.config import GatewayConfig
-from wal_engine.idempotency import GatewayStore, PostgresGatewayStore
 
 
 async def open_store(config: GatewayConfig) -> GatewayStore:
@@ -11,7 +11,7 @@ async def open_store(config: GatewayConfig) -> GatewayStore:
     settings = config.store
     retention_ms = int(config.gateway.retention_s * 1000)
     if settings.kind == "redis":
-        from wal_engine.redis_store import RedisGatewayStore
+        from wal_engine.effects.redis_store import RedisGatewayStore
 
         assert settings.url is not None  # parse_config requires it for redis.
         store = RedisGatewayStore.from_url(settings.url, tenant=settings.tenant,

@@ -24,7 +24,7 @@ from wal_engine.errors import (
     TenantRoleRefused,
 )
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
-from wal_engine.security import RoleReport, enforce_runtime_role, required_settings
+from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
 
 log = structlog.get_logger(__name__)
@@ -121,7 +121,7 @@ def session_settings(tenant: str, application_name: str, *,
     """The startup parameters of an engine connection: its tenant (and cap), bound for the
     session's life at no round trip (``docs/architecture.md``, decision 23), and the
     settings the engine depends on (``required``, default
-    :func:`wal_engine.security.required_settings`), which win over any role or database
+    :func:`wal_engine.security.roles.required_settings`), which win over any role or database
     default (decision 35)."""
     settings = dict(required_settings() if required is None else required)
     settings.update({"application_name": application_name,
@@ -288,12 +288,12 @@ class Database:
         """Resolve the DSN, open a pool, run the security self-test, apply or check the
         schema, check durability.
 
-        The self-test (:mod:`wal_engine.security`) refuses a superuser, a BYPASSRLS role or
+        The self-test (:mod:`wal_engine.security.roles`) refuses a superuser, a BYPASSRLS role or
         an owner of the log unless ``development`` is true; None decides from the setup
         (the embedded server and ``WAL_ENGINE_DEVELOPMENT=1`` are development setups).
         Every connection is bound to ``tenant`` by a startup parameter, and sends the
-        settings the engine depends on (:func:`wal_engine.security.required_settings`).
-        A tenant's own login role (:mod:`wal_engine.tenants`) serves the tenant it is
+        settings the engine depends on (:func:`wal_engine.security.roles.required_settings`).
+        A tenant's own login role (:mod:`wal_engine.security.tenants`) serves the tenant it is
         mapped to: ``tenant`` (default ``WAL_ENGINE_TENANT``) may only repeat it. Other
         roles serve ``tenant`` (default ``"default"``); a role that is neither mapped nor
         able to take the owner's rights would see nothing and is refused. Only a role that

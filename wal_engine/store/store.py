@@ -13,7 +13,7 @@ import orjson
 import structlog
 
 from wal_engine import events as vocabulary
-from wal_engine import limits, metrics
+from wal_engine import limits
 from wal_engine.budgets import validate_budget
 from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
 from wal_engine.errors import (
@@ -28,7 +28,8 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.ids import validate_task_id
-from wal_engine.redaction import Redactor, no_redaction, redact_bounded
+from wal_engine.observability import metrics
+from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded
 from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, Database

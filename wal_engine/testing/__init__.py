@@ -16,7 +16,7 @@ What is here (see ``docs/testing.md`` for a walk-through):
 * :mod:`wal_engine.testing.effects`: the effect-safety model (the machine on agents drawn
   from every call kind, each call misbehaving as drawn).
 * :mod:`wal_engine.testing.replay`: replay recorded histories against today's code (the
-  check of :mod:`wal_engine.replay_check`, the CLI's ``replay``) and history files.
+  check of :mod:`wal_engine.runtime.replayer`, the CLI's ``replay``) and history files.
 * :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
 * :mod:`wal_engine.testing.proxy`: a TCP proxy for network faults.
 
@@ -54,8 +54,8 @@ _lazy = {
     "run_crash_machine": "wal_engine.testing.machine",
     "EffectStats": "wal_engine.testing.effects",
     "run_effect_model": "wal_engine.testing.effects",
-    "check_history": "wal_engine.replay_check",
-    "replay_events": "wal_engine.replay_check",
+    "check_history": "wal_engine.runtime.replayer",
+    "replay_events": "wal_engine.runtime.replayer",
     "ReplayMismatch": "wal_engine.testing.replay",
     "assert_replays": "wal_engine.testing.replay",
     "assert_replay_equivalent": "wal_engine.testing.replay",

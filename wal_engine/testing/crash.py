@@ -30,7 +30,7 @@ from wal_engine.store import Database, TaskHead
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
-    from wal_engine.worker import Worker
+    from wal_engine.runtime.worker import Worker
 
 POINTS: Final = failpoints.POINTS
 """Every named crash point of the runtime."""

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Final
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from wal_engine.context import AgentContext, LlmResponse, ToolError
 from wal_engine.errors import ReconcileRefused
 from wal_engine.events import ToolCallUncertain
 from wal_engine.retries import RetryPolicy
+from wal_engine.runtime.context import AgentContext, LlmResponse, ToolError
 from wal_engine.testing.crash import Responder, default_responder, open_database
 from wal_engine.testing.invariants import Violation, read_events
 from wal_engine.testing.ledger import Behaviour, EffectLedger, ToolClass, read_effects
@@ -59,9 +59,9 @@ from wal_engine.testing.machine import (
 if TYPE_CHECKING:
     from replay.state import AgentState
     from wal_engine.engine import Engine
+    from wal_engine.runtime.worker import Worker
     from wal_engine.store import EventRecord
     from wal_engine.testing.postgres import DatabaseFactory
-    from wal_engine.worker import Worker
 
 AGENT: Final = "effect-model"
 KINDS: Final = ("idem", "lookup", "unsafe", "llm", "db")

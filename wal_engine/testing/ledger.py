@@ -21,7 +21,7 @@ class         the fake service                            what the engine must a
 Every fake is fencing-aware like a careful receiver: a delivery carrying an older lease
 epoch than the task's current one is refused (:class:`StaleDelivery`) and counted as
 ``stale_rejected``; and like a careful tool, it calls
-:func:`~wal_engine.context.ensure_lease` right before it acts.
+:func:`~wal_engine.runtime.context.ensure_lease` right before it acts.
 
 A fake can be scripted per attempt (``script=``, a :class:`Behaviour` for each attempt of
 each key: return, raise before acting, act then raise, act then answer late, block before
@@ -55,9 +55,9 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
-from wal_engine.context import LlmResponse, current_call, ensure_lease
 from wal_engine.events import ToolCallCompleted, ToolCallIntended
 from wal_engine.retries import DidNotAct, PermanentError, TransientError
+from wal_engine.runtime.context import LlmResponse, current_call, ensure_lease
 from wal_engine.store import Database, EventRecord
 from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.testing.invariants import Violation, read_snapshot

@@ -86,9 +86,9 @@ from wal_engine.testing.ledger import (
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
+    from wal_engine.runtime.worker import Worker
     from wal_engine.store import Database
     from wal_engine.testing.postgres import DatabaseFactory
-    from wal_engine.worker import Worker
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Replay checks for tests: today's agent code against recorded histories, and history files.
 
-The check itself is :mod:`wal_engine.replay_check` (the one the CLI's ``replay`` command
+The check itself is :mod:`wal_engine.runtime.replayer` (the one the CLI's ``replay`` command
 runs): the recorded history is folded, the agent function runs from the top against it,
 every external call is answered from the log and nothing is called or written; the first
 call or command the history does not hold stops it, and a different call, command or
@@ -31,7 +31,7 @@ from replay.fold import fold
 from replay.state import AgentState
 from wal_engine import events as ev
 from wal_engine.chain import GENESIS_HASH, VerifyReport
-from wal_engine.replay_check import ReplayReport, replay_events
+from wal_engine.runtime.replayer import ReplayReport, replay_events
 from wal_engine.store import EventRecord
 from wal_engine.verification import verify_history as verify_semantics
 

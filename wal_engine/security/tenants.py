@@ -36,7 +36,7 @@ import msgspec
 from wal_engine import limits
 from wal_engine.errors import ConfigurationError, InvalidInput
 from wal_engine.ids import validate_tenant
-from wal_engine.security import APP_ROLE, dsn_for_role
+from wal_engine.security.roles import APP_ROLE, dsn_for_role
 
 ROLE_PREFIX: Final = "wal_"
 role_hash_digits: Final = 24
@@ -213,7 +213,7 @@ async def _require_security(connection: asyncpg.Connection, app_role: str) -> No
     if not row["mapping"] or not row["app_group"]:
         raise ConfigurationError(
             f"security.sql is not applied to this database (no wal_tenant_roles or no "
-            f"NOLOGIN group {app_role!r}): run wal_engine.security.apply_security first "
+            f"NOLOGIN group {app_role!r}): run wal_engine.security.roles.apply_security first "
             "(`wal-engine tenant create` does)")
 
 

@@ -14,7 +14,7 @@ then the task fails or waits for a human to reconcile it, and the tool is never 
 blindly (RELIABILITY.md R3). ``docs/architecture.md`` has the whole table.
 
 Before each attempt acts, the run checks by its own clock that its lease can still be
-trusted (:meth:`~wal_engine.runtime.TaskRun.lease_trusted`): if not, the attempt is
+trusted (:meth:`~wal_engine.runtime.run.TaskRun.lease_trusted`): if not, the attempt is
 recorded as not started and the run stops, so a worker that lost its lease starts no
 effect. Sync functions run on the worker's thread pool, where ``timeout_s`` applies too.
 """
@@ -32,8 +32,27 @@ import structlog
 from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
-from wal_engine import failpoints, metrics
-from wal_engine.context import (
+from wal_engine import failpoints
+from wal_engine.effects.gateway import Claim, StaleEpoch
+from wal_engine.errors import (
+    AmbiguousCommit,
+    ConcurrencyConflict,
+    DatabaseUnavailable,
+    InvalidPayload,
+    LeaseLost,
+    UnknownTask,
+)
+from wal_engine.ids import idempotency_key
+from wal_engine.observability import metrics
+from wal_engine.retries import (
+    Disposition,
+    LeaseExpired,
+    RetryPolicy,
+    backoff_delay_s,
+    classify_failure,
+    is_transient,
+)
+from wal_engine.runtime.context import (
     CallTimedOut,
     LlmResponse,
     ToolError,
@@ -43,31 +62,18 @@ from wal_engine.context import (
     call_function,
     wait_signal,
 )
-from wal_engine.errors import (
-    AmbiguousCommit,
-    ConcurrencyConflict,
-    DatabaseUnavailable,
-    InvalidPayload,
-    LeaseLost,
-    UnknownTask,
+from wal_engine.runtime.run import INTERNAL_PREFIX, Fenced, Finished, Suspended
+from wal_engine.security.redaction import (
+    redact_event,
+    resolve_secret_refs,
+    scrub_values,
+    secrets_in,
 )
-from wal_engine.idempotency import Claim, StaleEpoch
-from wal_engine.ids import idempotency_key
-from wal_engine.redaction import redact_event, resolve_secret_refs, scrub_values, secrets_in
-from wal_engine.retries import (
-    Disposition,
-    LeaseExpired,
-    RetryPolicy,
-    backoff_delay_s,
-    classify_failure,
-    is_transient,
-)
-from wal_engine.runtime import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.state_machine import Status
 from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
-    from wal_engine.runtime import TaskRun
+    from wal_engine.runtime.run import TaskRun
 
 log = structlog.get_logger(__name__)
 

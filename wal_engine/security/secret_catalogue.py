@@ -8,7 +8,7 @@ catalogue learns and our own formats lack shows up as a failing test after an up
 
 The detectors are not run on the write path: several of their regexes backtrack on hostile
 text (the OpenAI one takes time quadratic in a run of ``"sk-"``), and redaction must stay
-linear (B10). :mod:`wal_engine.secret_formats` holds linear formats for what they cover.
+linear (B10). :mod:`wal_engine.security.secret_formats` holds linear formats for what they cover.
 """
 
 from __future__ import annotations

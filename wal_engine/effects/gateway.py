@@ -28,7 +28,7 @@ zombie's first attempt.
 effect, the dedup row and (through ``on_commit_events``) the result event commit together.
 
 Where the keys live is a :class:`GatewayStore`: :class:`PostgresGatewayStore` (the table
-``wal_idempotency``, the default) or :class:`wal_engine.redis_store.RedisGatewayStore` (the
+``wal_idempotency``, the default) or :class:`wal_engine.effects.redis_store.RedisGatewayStore` (the
 ``redis`` extra). :meth:`run_once` works on either; :meth:`run_in_transaction` always uses
 PostgreSQL, since its point is to commit with the effect in one database transaction.
 """
@@ -44,9 +44,10 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 import asyncpg
 import msgspec
 
-from wal_engine import limits, metrics, payloads
+from wal_engine import limits, payloads
 from wal_engine.errors import ConfigurationError, DatabaseUnavailable, InvalidInput, WalError
-from wal_engine.redaction import Redactor, no_redaction, redact_bounded, redact_text
+from wal_engine.observability import metrics
+from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded, redact_text
 from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
 
 T = TypeVar("T")

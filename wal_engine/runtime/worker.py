@@ -1,7 +1,7 @@
 """Workers: claim due tasks, keep their leases, break dead workers' leases, shut down gently.
 
 A worker runs three loops under one owner that cancels them at shutdown, and a lease
-keeper on a thread of its own (:mod:`wal_engine.leases`):
+keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
 
 * claim: one ``FOR UPDATE SKIP LOCKED`` statement per batch takes QUEUED, RESUMING and due
   WAITING tasks, bumping each lease epoch (the fencing token); woken by LISTEN/NOTIFY, a
@@ -39,16 +39,17 @@ import asyncpg
 import msgspec
 import structlog
 
-from wal_engine import failpoints, metrics
+from wal_engine import failpoints
 from wal_engine.errors import DatabaseUnavailable
 from wal_engine.failpoints import SimulatedCrash
-from wal_engine.leases import LeaseKeeper
+from wal_engine.observability import metrics
+from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
-    from wal_engine.runtime import TaskRun
+    from wal_engine.runtime.run import TaskRun
 
 log = structlog.get_logger(__name__)
 
@@ -186,7 +187,7 @@ class Worker:
     async def _register(self) -> None:
         """Record which agents this worker serves (advisory: ``submit`` warns about an
         agent no worker serves); a database outage does not stop the worker starting."""
-        from wal_engine.registry import record_worker
+        from wal_engine.runtime.registry import record_worker
 
         try:
             await record_worker(self.engine.database, self.worker_id, self.engine.agents)
@@ -239,7 +240,7 @@ class Worker:
         return len(rows)
 
     def _start_run(self, row: Any) -> None:
-        from wal_engine.runtime import TaskRun
+        from wal_engine.runtime.run import TaskRun
 
         run = TaskRun(self.engine, self, row)
         self.runs[run.task_id] = run

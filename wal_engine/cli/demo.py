@@ -12,11 +12,11 @@ from typing import Any, Final
 
 import msgspec
 
-from wal_engine.context import AgentContext, LlmResponse
+from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.engine import Engine
 from wal_engine.events import PlanNode
-from wal_engine.idempotency import IdempotencyGateway
 from wal_engine.retries import RetryPolicy, TransientError
+from wal_engine.runtime.context import AgentContext, LlmResponse
 
 AGENT_NAME: Final = "research-assistant"
 
@@ -68,7 +68,7 @@ def build_tools(engine: Engine) -> dict[str, Any]:
     database = engine.database
 
     async def act(tool: str, result: Any, *, flaky: bool = False) -> Any:
-        from wal_engine.context import current_call
+        from wal_engine.runtime.context import current_call
 
         claim = current_call()
         assert claim is not None
@@ -162,14 +162,14 @@ async def run_worker(dsn: str, worker_id: str) -> None:
 
 
 def main() -> None:
-    """``python -m wal_engine.demo worker DSN WORKER_ID`` (used by the demo's subprocesses)."""
+    """``python -m wal_engine.cli.demo worker DSN WORKER_ID`` (used by the demo's subprocesses)."""
     import asyncio
     import sys
 
-    from wal_engine.logs import configure_logging
+    from wal_engine.observability.logs import configure_logging
 
     if len(sys.argv) != 4 or sys.argv[1] != "worker":
-        raise SystemExit("usage: python -m wal_engine.demo worker DSN WORKER_ID")
+        raise SystemExit("usage: python -m wal_engine.cli.demo worker DSN WORKER_ID")
     configure_logging()
     asyncio.run(run_worker(sys.argv[2], sys.argv[3]))
 

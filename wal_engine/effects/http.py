@@ -1,6 +1,6 @@
 """HTTP tools for agents: every mutating request carries the call's idempotency key.
 
-Inside ``ctx.tool``, :func:`wal_engine.context.current_call` is the call in flight, and its
+Inside ``ctx.tool``, :func:`wal_engine.runtime.context.current_call` is the call in flight, and its
 key is the same for every attempt, retry, replay and new owner of the task. Sent as the
 ``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header) to an API that honours
 it, or to ``wal-engine gateway`` in front of one that does not, the key makes a retried call
@@ -25,10 +25,10 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from wal_engine.context import current_call
 from wal_engine.errors import WalError
 from wal_engine.gateway.keys import HEADER, format_key
 from wal_engine.retries import TransientError
+from wal_engine.runtime.context import current_call
 
 KEYED_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 timeout_s_default: Final = 30.0

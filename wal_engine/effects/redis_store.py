@@ -21,15 +21,14 @@ them (docs/gateway.md says what the engine's log still guarantees then).
 
 The client does not retry a command on its own: a claim whose answer was lost could be
 retried into a "held" answer for its own claim. A lost connection is
-:class:`~wal_engine.idempotency.GatewayStoreUnavailable`; the caller retries the whole call.
+:class:`~wal_engine.effects.gateway.GatewayStoreUnavailable`; the caller retries the whole call.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from wal_engine.errors import ConfigurationError
-from wal_engine.idempotency import (
+from wal_engine.effects.gateway import (
     Acquired,
     Claim,
     GatewayStoreUnavailable,
@@ -39,6 +38,7 @@ from wal_engine.idempotency import (
     check_key,
     expire_batch_max,
 )
+from wal_engine.errors import ConfigurationError
 from wal_engine.store.connection import redact_dsn, resolve_tenant
 
 retention_ms_default: Final = 24 * 3600 * 1000
@@ -186,7 +186,7 @@ class RedisGatewayStore:
         return f"{self._prefix}done"
 
     async def claim_key(self, claim: Claim, ttl_ms: int) -> Acquired:
-        """See :meth:`wal_engine.idempotency.GatewayStore.claim_key`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.claim_key`."""
         answer = await self._call(self._claim, [self.entry(claim.key)],
                                   [claim.owner, str(claim.epoch), ttl_ms,
                                    claim.task_id or "", self.retention_ms])
@@ -196,7 +196,7 @@ class RedisGatewayStore:
         return acquired
 
     async def read_key(self, key: str) -> KeyRecord | None:
-        """See :meth:`wal_engine.idempotency.GatewayStore.read_key`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.read_key`."""
         found = await self._call(self._read, [self.entry(key)], [])
         if not found:
             return None
@@ -206,7 +206,7 @@ class RedisGatewayStore:
 
     async def complete_key(self, claim: Claim, state: Settled, result: bytes | None,
                            error: str | None) -> bool:
-        """See :meth:`wal_engine.idempotency.GatewayStore.complete_key`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.complete_key`."""
         done = await self._call(
             self._complete, [self.entry(claim.key), self.done_index],
             [claim.owner, str(claim.epoch), state, result or b"", error or "",
@@ -233,19 +233,19 @@ class RedisGatewayStore:
                             f"{self.replicas_timeout_ms} ms")
 
     async def release_key(self, claim: Claim) -> None:
-        """See :meth:`wal_engine.idempotency.GatewayStore.release_key`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.release_key`."""
         await self._call(self._release, [self.entry(claim.key)],
                          [claim.owner, str(claim.epoch)])
 
     async def expire_keys(self, retention_ms: int, limit: int = expire_batch_max,
                           prefix: str = "") -> int:
-        """See :meth:`wal_engine.idempotency.GatewayStore.expire_keys`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.expire_keys`."""
         _check_expiry(retention_ms, limit)
         return int(await self._call(self._expire, [self.done_index],
                                     [retention_ms, limit, f"{self._prefix}k:{prefix}"]))
 
     async def ping(self) -> None:
-        """See :meth:`wal_engine.idempotency.GatewayStore.ping`."""
+        """See :meth:`wal_engine.effects.gateway.GatewayStore.ping`."""
         from redis.exceptions import RedisError
 
         try:

@@ -37,15 +37,15 @@ from wal_engine import events as ev
 from wal_engine import limits
 from wal_engine.budgets import BudgetTrip
 from wal_engine.errors import ConfigurationError, InvalidPayload
-from wal_engine.runtime import TaskRun, error_text_max, is_internal
+from wal_engine.runtime.run import TaskRun, error_text_max, is_internal
+from wal_engine.runtime.worker import WorkerConfig
 from wal_engine.state_machine import Status
 from wal_engine.store import Store
-from wal_engine.worker import WorkerConfig
 
 if TYPE_CHECKING:
-    from wal_engine.context import AgentContext
     from wal_engine.engine import Engine
-    from wal_engine.worker import Worker
+    from wal_engine.runtime.context import AgentContext
+    from wal_engine.runtime.worker import Worker
 
 replay_timeout_s_default: Final = 60.0
 """Longest a replay may run; agent code that waits on something outside ``ctx`` stops."""
@@ -375,7 +375,7 @@ async def replay_state(
         timeout_s: Longest the code may run (it should only ever wait on ``ctx``).
         on_progress: Called with ``("calls", replayed, recorded)`` as calls are matched.
     """
-    from wal_engine.context import AgentContext
+    from wal_engine.runtime.context import AgentContext
 
     code_ended = _code_ended(state)
     journal = _ReplayJournal(state, closed=code_ended, on_progress=on_progress)

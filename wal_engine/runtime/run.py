@@ -2,7 +2,7 @@
 
 A task run loads the task's state (latest snapshot plus the tail of the log), then runs the
 agent function from the top. Every command the code issues goes through the
-:class:`~wal_engine.context.AgentContext`: commands already in the log are answered from it
+:class:`~wal_engine.runtime.context.AgentContext`: commands already in the log are answered from it
 (the journal cursor for external calls, ordinals for messages and checkpoints), new ones are
 appended **before** they act. The run ends when the agent returns (``task_completed``),
 fails (``task_failed`` with a diagnostic), waits (the task is WAITING and the lease is
@@ -30,7 +30,7 @@ from replay.journal import Journal
 from replay.snapshot import SnapshotSegments
 from replay.state import AgentState
 from wal_engine import events as ev
-from wal_engine import limits, metrics
+from wal_engine import limits
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -43,8 +43,9 @@ from wal_engine.errors import (
     UnknownTask,
     WalError,
 )
-from wal_engine.hooks import HookEvent, call_hook
-from wal_engine.redaction import (
+from wal_engine.observability import metrics
+from wal_engine.runtime.hooks import HookEvent, call_hook
+from wal_engine.security.redaction import (
     Redactor,
     default_redactor,
     redact_bounded,
@@ -58,8 +59,8 @@ from wal_engine.store.store import check_history_bound
 
 if TYPE_CHECKING:
     from wal_engine.engine import AgentDefinition, Engine
-    from wal_engine.resume import ResumedState
-    from wal_engine.worker import Worker
+    from wal_engine.runtime.resume import ResumedState
+    from wal_engine.runtime.worker import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -183,7 +184,7 @@ class TaskRun:
         """Run the task until it finishes, waits, is handed back or is fenced. A lost
         connection does not end the run while the lease can be trusted: the log is read
         back, the interruption recorded, and the agent code runs again from the top."""
-        from wal_engine.context import AgentContext
+        from wal_engine.runtime.context import AgentContext
 
         definition = self.engine.agents.get(self.agent)
         self.definition = definition
@@ -353,7 +354,7 @@ class TaskRun:
         or does not match the log (bit rot, or segments pruned by a fenced writer's racing
         snapshot) is dropped and the log folded instead; only a log that does not fold is
         a corruption of the task."""
-        from wal_engine.resume import delete_snapshots, read_state
+        from wal_engine.runtime.resume import delete_snapshots, read_state
 
         try:
             return await read_state(self.engine.store, self.task_id)
@@ -624,7 +625,7 @@ class TaskRun:
 
     async def maybe_snapshot(self) -> None:
         """Save a snapshot when the engine's policy says so (derived data, never required)."""
-        from wal_engine.resume import save_snapshot_if_due
+        from wal_engine.runtime.resume import save_snapshot_if_due
 
         policy = self.engine.snapshot_policy
         if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):

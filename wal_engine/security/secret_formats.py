@@ -14,12 +14,13 @@ Two kinds of format:
   on hostile text.
 
 Key-name rules (``password=...``, ``"api_key": "..."``, ``Authorization: Token ...``) are not
-here: :mod:`wal_engine.redaction` applies its key names to assignments found in text.
+here: :mod:`wal_engine.security.redaction` applies its key names to assignments found in text.
 
 The formats were written from the vendors' own documentation of their token prefixes and
 checked against the public catalogues of secret scanners (gitleaks' and trufflehog's
 rule lists, ``detect-secrets``' plugins): none of their rules or text is copied here.
-Optional: with the ``secrets`` extra installed, :func:`wal_engine.redaction.DefaultRedactor`
+Optional: with the ``secrets`` extra installed,
+:func:`wal_engine.security.redaction.DefaultRedactor`
 can add ``detect-secrets``' detectors (``catalogue=True``).
 """
 
@@ -286,4 +287,5 @@ PREFIXED_FORMATS: Final = (
 """Vendor tokens: a prefix and a body (:func:`prefixed`)."""
 
 DEFAULT_PATTERNS: Final = (*STRUCTURAL_FORMATS, *PREFIXED_FORMATS)
-"""Every format :class:`~wal_engine.redaction.DefaultRedactor` looks for in every string."""
+"""Every format :class:`~wal_engine.security.redaction.DefaultRedactor` looks for in every
+string."""

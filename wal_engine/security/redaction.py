@@ -30,7 +30,7 @@ stored.
 
 Redaction by pattern is a safety net, not a guarantee: a secret in an unknown format under
 an innocent key name passes. Use references for secrets you know of, and payload encryption
-(:mod:`wal_engine.encryption`) where the log must hold sensitive data.
+(:mod:`wal_engine.security.encryption`) where the log must hold sensitive data.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ except ImportError:  # pragma: no cover - the character gates below are the fall
 import msgspec
 
 from wal_engine import events as ev
-from wal_engine.encryption import ENVELOPE_VERSION, SEALED_KEY
 from wal_engine.errors import PayloadTooLarge, WalError
-from wal_engine.secret_formats import DEFAULT_PATTERNS, CredentialPattern
-from wal_engine.secret_keys import SECRET_KEY_NAMES as SECRET_KEY_NAMES
-from wal_engine.secret_keys import SECRET_KEY_SUFFIXES as SECRET_KEY_SUFFIXES
-from wal_engine.secret_keys import KeyRules
-from wal_engine.secret_keys import normalise_key as normalise_key
+from wal_engine.security.encryption import ENVELOPE_VERSION, SEALED_KEY
+from wal_engine.security.secret_formats import DEFAULT_PATTERNS, CredentialPattern
+from wal_engine.security.secret_keys import SECRET_KEY_NAMES as SECRET_KEY_NAMES
+from wal_engine.security.secret_keys import SECRET_KEY_SUFFIXES as SECRET_KEY_SUFFIXES
+from wal_engine.security.secret_keys import KeyRules
+from wal_engine.security.secret_keys import normalise_key as normalise_key
 
 Redactor = Callable[[Any], Any]
 """A deterministic function from a plain JSON value to the plain JSON value to store."""
@@ -307,7 +307,7 @@ envelope_ciphertext_bytes_min: Final = 17
 
 def is_envelope(value: Any) -> bool:
     """Whether ``value`` has exactly the shape of a sealed envelope
-    (:meth:`wal_engine.encryption.PayloadCipher.seal`): its four keys and no other, a
+    (:meth:`wal_engine.security.encryption.PayloadCipher.seal`): its four keys and no other, a
     tenant, an integer key version, and base64 ciphertext of a possible length.
 
     Redaction skips envelopes (ciphertext holds nothing to find), so it must not skip a

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from wal_engine.audit.timeline.model import build_model
+from wal_engine.audit.timeline.page import render_page
 from wal_engine.errors import InvalidInput
 from wal_engine.store import Store
-from wal_engine.timeline.model import build_model
-from wal_engine.timeline.page import render_page
 
 timeline_events_max: Final = 50_000
 """Most events one page draws (a browser stays responsive); pick a window with from/to."""

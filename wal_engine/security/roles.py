@@ -4,7 +4,8 @@
 and every engine object) and an application role, a NOLOGIN group holding the runtime's
 privileges (SELECT and INSERT on the log, head and lease changes through SECURITY DEFINER
 functions and column-limited UPDATEs); each tenant logs in as a member of its own
-(:mod:`wal_engine.tenants`). See its header and ``docs/security.md``. :func:`apply_security`
+(:mod:`wal_engine.security.tenants`). See its header and ``docs/security.md``.
+:func:`apply_security`
 applies it, as a superuser, after the schema.
 
 At start-up, :meth:`wal_engine.store.Database.open` runs :func:`check_runtime_role`: the
@@ -114,7 +115,7 @@ class InsecureSetup(ConfigurationError):
         super().__init__(
             f"refusing to run as role {role!r}: {'; '.join(problems)}. Connect as the "
             f"application role that `wal-engine setup --dsn ADMIN_DSN` makes (or "
-            f"wal_engine.security.apply_security; see docs/security.md), or, for a "
+            f"wal_engine.security.roles.apply_security; see docs/security.md), or, for a "
             f"development setup, pass --development on the command line (development=True "
             f"to connect()) or set {DEVELOPMENT_ENV}=1"
         )
@@ -313,7 +314,7 @@ def security_sql() -> str:
     packaged = resources.files("wal_engine").joinpath("security.sql")
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parents[1] / "security.sql").read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[2] / "security.sql").read_text(encoding="utf-8")
 
 
 async def apply_security(
@@ -328,7 +329,7 @@ async def apply_security(
     Run it as a superuser after every migration (re-creating a function resets its
     SECURITY DEFINER and search_path). With ``migrate`` the schema is applied first. The
     application role is a NOLOGIN group: tenants log in as roles of their own, members of
-    it, made by :func:`wal_engine.tenants.create_tenant` (which also sets their timeouts).
+    it, made by :func:`wal_engine.security.tenants.create_tenant` (which also sets their timeouts).
     """
     if migrate:
         from wal_engine.store.connection import apply_schema

@@ -39,8 +39,9 @@ import asyncpg
 import msgspec
 import structlog
 
-from wal_engine import failpoints, metrics
+from wal_engine import failpoints
 from wal_engine.failpoints import SimulatedCrash
+from wal_engine.observability import metrics
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
 

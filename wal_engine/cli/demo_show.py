@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from wal_engine import demo
+from wal_engine.cli import demo
 from wal_engine.cli.render import summary
 from wal_engine.engine import Engine, connect
 from wal_engine.state_machine import TERMINAL, Status
@@ -38,7 +38,7 @@ def _spawn_worker(dsn: str, worker_id: str, failpoint: str | None) -> subprocess
     if failpoint:
         env["ENGINE_FAILPOINT"] = failpoint
     return subprocess.Popen(
-        [sys.executable, "-m", "wal_engine.demo", "worker", dsn, worker_id],
+        [sys.executable, "-m", "wal_engine.cli.demo", "worker", dsn, worker_id],
         env=env, stdout=open(f"/tmp/{worker_id}.log", "wb"), stderr=subprocess.STDOUT,
     )
 

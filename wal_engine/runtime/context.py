@@ -27,15 +27,15 @@ from replay.journal import Fresh, InDoubt, Outcome, Recorded
 from replay.state import AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.effects.gateway import Claim
 from wal_engine.errors import InvalidInput, WalError
-from wal_engine.idempotency import Claim
 from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
-from wal_engine.runtime import INTERNAL_PREFIX, Suspended
+from wal_engine.runtime.run import INTERNAL_PREFIX, Suspended
 from wal_engine.store import queries
 
 if TYPE_CHECKING:
-    from wal_engine.runtime import TaskRun
+    from wal_engine.runtime.run import TaskRun
 
 UncertainPolicy = Literal["fail", "wait"]
 
@@ -219,7 +219,7 @@ class AgentContext:
                          args_hash=hashed,
                          idempotent=idempotent, retry=retry, timeout_s=timeout_s,
                          on_uncertain=on_uncertain, lookup=lookup)
-        from wal_engine.calls import ToolCaller
+        from wal_engine.runtime.calls import ToolCaller
 
         return await ToolCaller(self._run, spec).drive(outcome, approval=approval)
 
@@ -241,7 +241,7 @@ class AgentContext:
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        from wal_engine.calls import LlmCaller
+        from wal_engine.runtime.calls import LlmCaller
 
         return await LlmCaller(self._run, model, function, request, hashed, retry,
                                timeout_s).drive(outcome)
@@ -414,7 +414,7 @@ class AgentContext:
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        from wal_engine.calls import run_transaction
+        from wal_engine.runtime.calls import run_transaction
 
         return await run_transaction(self._run, outcome, name, function, args, hashed, retry)
 

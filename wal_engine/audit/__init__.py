@@ -1,0 +1,1 @@
+"""Tamper evidence anchored outside the database, and the task timeline."""

@@ -1,0 +1,1 @@
+"""External effects: the idempotency gateway, its stores, the HTTP tool helper."""

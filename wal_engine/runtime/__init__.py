@@ -1,0 +1,1 @@
+"""The running side: a task run, its context and calls, workers, resume, the replayer."""

@@ -1,0 +1,1 @@
+"""Roles and grants, tenants, sealed values, redaction and its catalogue."""
