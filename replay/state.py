@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from wal_engine import budgets
 from wal_engine.events import Budget, MessageAppended, PlanNode
 from wal_engine.payloads import encode_payload
 from wal_engine.state_machine import TERMINAL, Status
@@ -247,6 +248,18 @@ def args_hash(value: Any) -> str:
     be stored in the log raises :class:`~wal_engine.errors.InvalidPayload`.
     """
     return hashlib.sha256(encode_payload(value)).hexdigest()
+
+
+def budget_usage(state: _StateFields, *, runtime_s: float = 0.0) -> budgets.Usage:
+    """What the budget arithmetic (:func:`wal_engine.budgets.first_trip`) counts as used in
+    ``state``: steps are the step index, tokens input plus output. ``runtime_s`` is not in
+    the log (it is measured on the database clock), so the caller gives it."""
+    usage = state.usage
+    return budgets.Usage(
+        steps=state.step, tokens=usage.input_tokens + usage.output_tokens,
+        runtime_s=runtime_s, cost_usd=usage.cost_usd, tool_calls=usage.tool_calls,
+        attempts=state.attempts,
+    )
 
 
 def initial_state(task_id: str) -> AgentState:

@@ -20,11 +20,15 @@ from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
 from wal_engine.cli.embedded import embedded
 from wal_engine.cli.gateway import gateway
-from wal_engine.cli.operate import bench, demo, migrate, replay, timeline, worker
+from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
+from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
 from wal_engine.cli.setup import setup
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
 from wal_engine.cli.tenant import tenant
+
+# The demo command under another name: ``wal_engine.cli.demo`` is the demo's module, and
+# binding the command as ``demo`` here would hide it from ``from wal_engine.cli import demo``.
 
 
 @click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,7 +38,7 @@ def main(tenant: str | None) -> None:
     """wal-engine: durable LLM-agent tasks on a PostgreSQL write-ahead log."""
 
 
-for command in (demo, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
+for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
                 gateway, embedded, pending, reconcile, timer):
     main.add_command(command)

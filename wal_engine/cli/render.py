@@ -2,11 +2,15 @@
 
 The ``--json`` shapes are an interface for scripts: keys are only ever added, never renamed
 or removed. Hashes are lowercase hex, times RFC 3339 in UTC, payloads the stored JSON.
+Records are rendered through :func:`record_json` (``msgspec.to_builtins``), so a field
+added to a record reaches its view without a hand-kept copy; ``tests/unit/test_cli_render.py``
+pins every shape.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from typing import Any, Final
 
 import msgspec
@@ -25,27 +29,31 @@ def iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def record_json(record: msgspec.Struct, *, omit: Collection[str] = ()) -> dict[str, Any]:
+    """A record's fields as plain JSON (``msgspec.to_builtins``), without those in ``omit``.
+
+    The record's own fields keep the CLI's encodings: bytes as lowercase hex (msgspec would
+    write base64) and datetimes as ``isoformat`` text (msgspec would write ``Z`` for UTC).
+    Nested values are left to ``emit``, which encodes them the same way.
+    """
+    plain = msgspec.to_builtins(record, builtin_types=_passed_through)
+    return {name: _text(value) for name, value in plain.items() if name not in omit}
+
+
+_passed_through: Final = (bytes, dt.datetime)
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return value
+
+
 def head_json(head: TaskHead) -> dict[str, Any]:
-    """A task head as plain JSON (one line of ``tasks --json``)."""
-    return {
-        "task_id": head.task_id,
-        "agent": head.agent,
-        "status": str(head.status),
-        "head_seq": head.head_seq,
-        "head_hash": head.head_hash.hex(),
-        "lease_owner": head.lease_owner,
-        "lease_epoch": head.lease_epoch,
-        "lease_expires_at": iso(head.lease_expires_at),
-        "wake_at": iso(head.wake_at),
-        "waiting_signal": head.waiting_signal,
-        "budget": head.budget,
-        "parent_task_id": head.parent_task_id,
-        "parent_seq": head.parent_seq,
-        "attempts": head.attempts,
-        "created_at": iso(head.created_at),
-        "started_at": iso(head.started_at),
-        "updated_at": iso(head.updated_at),
-    }
+    """A task head as plain JSON (one line of ``tasks --json``): every field of the head."""
+    return record_json(head)
 
 
 def payload_of(record: EventRecord) -> Any:
@@ -57,19 +65,12 @@ def payload_of(record: EventRecord) -> Any:
 
 
 def event_json(record: EventRecord) -> dict[str, Any]:
-    """One stored event as plain JSON (one line of ``history --json``)."""
-    return {
-        "task_id": record.task_id,
-        "seq": record.seq,
-        "type": record.type,
-        "version": record.version,
-        "epoch": record.epoch,
-        "recorded_at": iso(record.recorded_at),
-        "idempotency_key": record.idempotency_key,
-        "prev_hash": record.prev_hash.hex(),
-        "hash": record.hash.hex(),
-        "payload": payload_of(record),
-    }
+    """One stored event as plain JSON (one line of ``history --json``); the payload decoded."""
+    return {**record_json(record, omit=_event_omitted), "payload": payload_of(record)}
+
+
+_event_omitted: Final = frozenset({"payload", "chain_version"})
+"""``chain_version`` is not in the ``history --json`` shape (``verify`` reads it)."""
 
 
 def summary(record: EventRecord) -> str:
@@ -112,61 +113,38 @@ def _clip(text: str) -> str:
 
 def state_json(state: AgentState, head: TaskHead) -> dict[str, Any]:
     """The folded state of ``show --json``: what the task knows and where it stands."""
-    plain = msgspec.to_builtins(state)
+    plain = record_json(state)
+    lease = record_json(head)
     return {
-        "task_id": state.task_id,
-        "agent": state.agent,
-        "status": str(state.status),
-        "step": state.step,
-        "next_action": state.next_action,
-        "last_seq": state.last_seq,
-        "last_hash": state.last_hash.hex(),
-        "attempts": state.attempts,
-        "input": state.input,
+        **{name: plain[name] for name in _state_shown},
         "messages": [{"role": m.role, "content": m.content, "name": m.name}
                      for m in state.messages],
         "calls": len(state.calls),
-        "pending_calls": [msgspec.to_builtins(call) for call in state.in_doubt],
+        "pending_calls": [record_json(call) for call in state.in_doubt],
         "usage": usage_json(state),
-        "budget": msgspec.to_builtins(state.budget),
-        "budget_exceeded": plain.get("budget_exceeded"),
-        "waiting_on": plain.get("waiting_on"),
-        "approvals": plain.get("approvals", {}),
-        "plan": plain.get("plan", {}),
-        "plan_completed": list(state.plan_completed),
-        "env": dict(state.env),
-        "output": state.output,
-        "failure": plain.get("failure"),
-        "parent_task_id": state.parent_task_id,
-        "parent_seq": state.parent_seq,
-        "lease_owner": head.lease_owner,
-        "lease_epoch": head.lease_epoch,
-        "lease_expires_at": iso(head.lease_expires_at),
-        "wake_at": iso(head.wake_at),
-        "updated_at": iso(head.updated_at),
+        **{name: lease[name] for name in _lease_shown},
     }
 
 
+_state_shown: Final = (
+    "task_id", "agent", "status", "step", "next_action", "last_seq", "last_hash", "attempts",
+    "input", "budget", "budget_exceeded", "waiting_on", "approvals", "plan", "plan_completed",
+    "env", "output", "failure", "parent_task_id", "parent_seq",
+)
+"""The state's own fields in ``show --json`` (messages, calls and usage are shaped below)."""
+
+_lease_shown: Final = ("lease_owner", "lease_epoch", "lease_expires_at", "wake_at",
+                       "updated_at")
+
+
 def usage_json(state: AgentState) -> dict[str, Any]:
-    """Token, cost and call usage with every field present."""
-    usage = state.usage
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-            "cost_usd": usage.cost_usd, "tool_calls": usage.tool_calls,
-            "llm_calls": usage.llm_calls}
+    """Token, cost and call usage with every field present (even those at zero)."""
+    return msgspec.structs.asdict(state.usage)
 
 
 def verify_json(report: VerifyReport) -> dict[str, Any]:
     """One line of ``verify --json``."""
-    violation = report.violation
-    return {
-        "task_id": report.task_id,
-        "ok": report.ok,
-        "events": report.events,
-        "head_seq": report.head_seq,
-        "head_hash": report.head_hash.hex(),
-        "violation": None if violation is None else {
-            "seq": violation.seq, "kind": violation.kind, "detail": violation.detail},
-    }
+    return {**record_json(report), "ok": report.ok}
 
 
 def anchor_json(anchor: Anchor, path: str) -> dict[str, Any]:
@@ -194,6 +172,5 @@ def anchor_report_json(report: AnchorReport, anchor: Anchor, path: str) -> dict[
         "mode": anchor.mode,
         "created_at": anchor.created_at,
         "root": anchor.root,
-        "findings": [{"task_id": finding.task_id, "seq": finding.seq, "kind": finding.kind,
-                      "detail": finding.detail} for finding in report.findings],
+        "findings": [record_json(finding) for finding in report.findings],
     }

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from wal_engine.cli.common import console, dsn_option, emit, json_option, run
+from wal_engine.cli.render import record_json
 from wal_engine.security import tenants
 from wal_engine.security.tenants import TenantCredentials
 
@@ -50,8 +51,7 @@ def _read_password(from_stdin: bool) -> str | None:
 
 def _show_credentials(credentials: TenantCredentials, as_json: bool, verb: str) -> None:
     if as_json:
-        emit({"tenant": credentials.tenant, "role": credentials.role,
-              "password": credentials.password, "dsn": credentials.dsn})
+        emit(record_json(credentials))
         return
     out = console()
     out.print(f"tenant {escape(credentials.tenant)} {verb}: role {escape(credentials.role)}")
@@ -160,11 +160,7 @@ def list_command(dsn: str | None, as_json: bool) -> None:
     found = run(_list(), dsn=dsn)
     if as_json:
         for item in found:
-            emit({"tenant": item.tenant, "role": item.role, "enabled": item.enabled,
-                  "can_login": item.can_login, "sessions": item.sessions,
-                  "created_at": item.created_at.isoformat(),
-                  "rotated_at": None if item.rotated_at is None
-                  else item.rotated_at.isoformat()})
+            emit(record_json(item))
         return
     table = Table("tenant", "role", "enabled", "sessions", "created", "rotated")
     for item in found:

@@ -4,6 +4,12 @@ Every span is drawn from its first to its last event, by time (``recorded_at``, 
 committing transaction's database clock) or by seq. Durations are the time between the
 intent and the outcome as recorded, so they include the commit of the intent and exclude
 nothing the worker did in between.
+
+Usage (tokens, cost, tool and LLM calls, steps) is never read from payload text: the replay
+fold (:mod:`replay.fold`) runs alongside, one event at a time, and each figure is the fold's
+state after the event (:class:`UsageFold`), so the page shows what the budget arithmetic
+counts. A log the fold refuses (a corrupt or undecodable event) is still drawn; its usage
+stops at the event before, and ``budget.fold_stopped`` says where and why.
 """
 
 from __future__ import annotations
@@ -11,8 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+import msgspec
 import orjson
 
+from replay.fold import StateBuilder
+from replay.state import AgentState, BudgetTrip, budget_usage
+from replay.upcasting import UpcasterRegistry, upcasters
+from wal_engine.chain import StoredEvent
 from wal_engine.errors import WalError
 from wal_engine.events import target_status
 from wal_engine.state_machine import TERMINAL, Status
@@ -45,8 +56,60 @@ def category(event_type: str) -> str:
     return "lifecycle"
 
 
+class UsageFold:
+    """The replay fold run beside a timeline: the usage figures after each event it folds.
+
+    Start it on the state before the first event drawn (``start``; None for seq 1) and
+    :meth:`advance` it through the events in seq order. The first event the fold refuses
+    (it raises :class:`~wal_engine.errors.WalError`: a ReplayError, an unknown type or
+    version, an undecodable payload) stops it for good; :attr:`stopped` says where and why.
+    """
+
+    def __init__(self, start: AgentState | None = None, *, task_id: str = "",
+                 registry: UpcasterRegistry = upcasters) -> None:
+        self._builder = StateBuilder(start, task_id=task_id, registry=registry)
+        self._registry = registry
+        self.stopped: dict[str, Any] | None = None
+        """``{"seq", "error"}`` of the event the fold refused, or None."""
+
+    def advance(self, record: StoredEvent) -> bool:
+        """Fold ``record``; False (and nothing folded) once the fold has stopped."""
+        if self.stopped is not None:
+            return False
+        try:
+            event = self._registry.decode_record(record.type, record.version, record.payload,
+                                                 record.seq)
+            self._builder.apply(event, seq=record.seq, event_hash=record.hash)
+        except WalError as error:
+            self.stopped = {"seq": record.seq, "error": str(error)}
+            return False
+        return True
+
+    def figures(self) -> dict[str, Any]:
+        """Usage so far, as the budget arithmetic counts it (plus LLM calls)."""
+        view = self._builder.view
+        used = budget_usage(view)
+        return {"tokens": used.tokens, "cost_usd": used.cost_usd,
+                "tool_calls": used.tool_calls, "llm_calls": view.usage.llm_calls,
+                "steps": used.steps}
+
+    @property
+    def limits(self) -> dict[str, Any] | None:
+        """The budget's limits that are set, or None before ``task_submitted`` is folded."""
+        view = self._builder.view
+        if view.last_seq == 0:
+            return None
+        limits: dict[str, Any] = msgspec.to_builtins(view.budget)
+        return limits
+
+    @property
+    def trip(self) -> BudgetTrip | None:
+        """The latest budget trip folded."""
+        return self._builder.view.budget_exceeded
+
+
 class _Event:
-    __slots__ = ("epoch", "payload", "seq", "t", "type")
+    __slots__ = ("epoch", "payload", "seq", "t", "tokens", "trip", "type", "used")
 
     def __init__(self, record: EventRecord, payload: Any, t: float) -> None:
         self.seq = record.seq
@@ -54,6 +117,12 @@ class _Event:
         self.epoch = record.epoch
         self.payload = payload if isinstance(payload, dict) else {}
         self.t = t
+        self.used: dict[str, Any] | None = None
+        """The fold's usage figures after this event; None once the fold has stopped."""
+        self.tokens: int | None = None
+        """Tokens this event added, by the fold (None if it did not fold)."""
+        self.trip: BudgetTrip | None = None
+        """The budget trip this event recorded, as folded."""
 
 
 def _at(event: _Event) -> dict[str, Any]:
@@ -64,16 +133,25 @@ def _span(start: _Event, end: _Event, **fields: Any) -> dict[str, Any]:
     return {"start": _at(start), "end": _at(end), **fields}
 
 
-def build_model(head: TaskHead | None, records: Sequence[EventRecord]) -> dict[str, Any]:
-    """The timeline of ``records`` (one task, seq order) as plain JSON for the page."""
+def build_model(head: TaskHead | None, records: Sequence[EventRecord],
+                usage: UsageFold | None = None) -> dict[str, Any]:
+    """The timeline of ``records`` (one task, seq order) as plain JSON for the page.
+
+    ``usage`` is the fold advanced to the event before ``records[0]`` (see
+    :func:`~wal_engine.audit.timeline.read_timeline`); by default a fold from seq 1.
+    """
+    task_id = head.task_id if head else (records[0].task_id if records else "")
+    usage = usage if usage is not None else UsageFold(task_id=task_id)
     events: list[_Event] = []
     marks: list[dict[str, Any]] = []
     last_t = 0.0
+    before = None if usage.stopped else usage.figures()
     for record in records:
         payload, note = _embedded_payload(record)
         stamp = record.recorded_at
         last_t = last_t if stamp is None else stamp.timestamp() * 1000
         event = _Event(record, payload, last_t)
+        before = _fold_one(usage, record, event, before)
         events.append(event)
         marks.append({"seq": record.seq, "type": record.type, "cat": category(record.type),
                       "epoch": record.epoch, "t": last_t, "payload": payload, "note": note,
@@ -87,9 +165,23 @@ def build_model(head: TaskHead | None, records: Sequence[EventRecord]) -> dict[s
         "steps": _steps(events),
         "calls": _calls(events),
         "waits": _waits(events),
-        "budget": _budget(head, events),
+        "budget": _budget(head, events, usage),
         "markers": [_marker(e) for e in events if e.type in MARKERS],
     }
+
+
+def _fold_one(usage: UsageFold, record: EventRecord, event: _Event,
+              before: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Advance the fold over ``record``; note on ``event`` its figures, tokens and trip."""
+    trip = usage.trip
+    if not usage.advance(record):
+        return None
+    event.used = usage.figures()
+    if before is not None:
+        event.tokens = event.used["tokens"] - before["tokens"]
+    if usage.trip is not trip:
+        event.trip = usage.trip
+    return event.used
 
 
 def _embedded_payload(record: EventRecord) -> tuple[Any, str | None]:
@@ -228,9 +320,8 @@ def _attempt(opened: tuple[_Event, dict[str, Any]], end: _Event, outcome: str,
              open_end: bool = False) -> dict[str, Any]:
     start, fields = opened
     extra: dict[str, Any] = {}
-    if end.type == "llm_call_completed":
-        extra["tokens"] = int(end.payload.get("input_tokens", 0)) + \
-            int(end.payload.get("output_tokens", 0))
+    if end.type == "llm_call_completed" and end.tokens is not None:
+        extra["tokens"] = end.tokens
     if outcome in ("failed", "retrying"):
         extra["error"] = end.payload.get("error_type")
     if end.epoch != start.epoch and not open_end:
@@ -285,34 +376,23 @@ def _wait_outcome(event: _Event) -> str:
     return "done"
 
 
-def _budget(head: TaskHead | None, events: list[_Event]) -> dict[str, Any]:
-    """Cumulative use after each event that changed it, and the limits it is held to."""
-    limits: dict[str, Any] = dict(head.budget) if head else {}
-    used = {"tokens": 0, "cost_usd": 0.0, "tool_calls": 0, "llm_calls": 0, "steps": 0}
+def _budget(head: TaskHead | None, events: list[_Event], usage: UsageFold) -> dict[str, Any]:
+    """Cumulative use after each event that changed it (from the fold), and the limits."""
+    limits = usage.limits
+    if limits is None:  # The fold never reached task_submitted: the head's copy.
+        limits = {k: v for k, v in (head.budget if head else {}).items() if v is not None}
     series: list[dict[str, Any]] = []
     trips: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
     for event in events:
-        payload = event.payload
-        before = dict(used)
-        if event.type == "task_submitted" and isinstance(payload.get("budget"), dict):
-            limits = dict(payload["budget"])
-        elif event.type == "llm_call_completed":
-            used["tokens"] += int(payload.get("input_tokens", 0)) + \
-                int(payload.get("output_tokens", 0))
-            used["cost_usd"] += float(payload.get("cost_usd", 0.0))
-        elif event.type == "tool_call_intended":
-            used["tool_calls"] += 1
-        elif event.type == "llm_call_intended":
-            used["llm_calls"] += 1
-        elif event.type == "step_checkpointed":
-            used["steps"] = max(used["steps"], int(payload.get("step", 0)))
-        elif event.type == "budget_exceeded":
-            trips.append({**_at(event), "budget": payload.get("budget"),
-                          "limit": payload.get("limit"), "used": payload.get("used")})
-        if used != before or not series:
-            series.append({**_at(event), **used})
-    return {"limits": {k: v for k, v in limits.items() if v is not None}, "series": series,
-            "trips": trips}
+        if event.trip is not None:
+            trips.append({**_at(event), "budget": event.trip.budget, "limit": event.trip.limit,
+                          "used": event.trip.used})
+        if event.used is not None and (event.used != previous or not series):
+            series.append({**_at(event), **event.used})
+            previous = event.used
+    return {"limits": limits, "series": series, "trips": trips,
+            "fold_stopped": usage.stopped}
 
 
 def _marker(event: _Event) -> dict[str, Any]:

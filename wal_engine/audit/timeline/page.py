@@ -304,6 +304,11 @@ PAGE: Final = r"""<!DOCTYPE html>
            text);
         row += 1;
       }
+      const stopped = data.budget.fold_stopped;
+      if (stopped) {
+        el("text", { x: 4, y: top + height - 2, style: "fill:#c0392b" }, svg,
+           "usage up to seq " + (stopped.seq - 1) + " only: " + stopped.error);
+      }
       for (const trip of data.budget.trips) {
         const x = xOf(trip, width);
         el("text", { x: x + 3, y: top + 12, style: "fill:#c0392b" }, svg,
