@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import inspect
 import math
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
 import asyncpg
 import msgspec
@@ -42,6 +45,8 @@ from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.store.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from replay.state import AgentState
     from wal_engine.runtime.context import AgentContext
 
@@ -49,6 +54,8 @@ log = structlog.get_logger(__name__)
 
 AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 F = TypeVar("F", bound=AgentFunction)
+"""An agent function: ``@engine.agent`` hands it back with its own type unchanged."""
+ConfigT = TypeVar("ConfigT", bound=msgspec.Struct)
 
 wait_poll_s_default: Final = 0.05
 emit_attempts_max: Final = 10
@@ -125,12 +132,17 @@ class Engine:
     def agent(self, name: str, *, input_type: Any = None,
               version: str = DEFAULT_AGENT_VERSION, compatible: tuple[str, ...] = (),
               hooks: AgentHooks | None = None) -> Callable[[F], F]:
-        """Register ``async def agent(ctx, input)`` under ``name``.
+        """Register ``async def agent(ctx, input)`` under ``name``; the function is returned
+        unchanged (its type too).
 
         Args:
             name: The agent's stable name, stored with every task.
             input_type: A msgspec Struct (or any type msgspec can convert to); submissions
-                are validated against it before anything is written.
+                are validated against it before anything is written. Not given, it is the
+                annotation of the function's input parameter (none, ``Any`` or ``object``:
+                any JSON value, as before). When that parameter is annotated, the function
+                receives the stored input converted to its annotation (a Struct, a
+                dataclass, a TypedDict's dict), not the plain JSON value.
             version: The version of this code. A task records the version that started it,
                 and a worker claims only tasks of the versions it can run: during a rolling
                 deploy old workers drain old tasks while new ones start on the new code.
@@ -138,21 +150,14 @@ class Engine:
                 changes are behind ``ctx.patched``); ``wal-engine replay --all`` checks it.
             hooks: Recovery hooks (:class:`~wal_engine.runtime.hooks.AgentHooks`).
         """
-        if not name or len(name) > limits.name_length_max:
-            raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
-        # Text PostgreSQL cannot store (NUL, a lone surrogate) is refused here: later, a
-        # worker's claim statement would fail on every poll and claim nothing.
-        validate_text(name, "an agent name", bytes_max=4 * limits.name_length_max)
-        for label in (version, *compatible):
-            if not isinstance(label, str) or not 1 <= len(label) <= agent_version_length_max:
-                raise InvalidInput(
-                    f"agent versions must be 1..{agent_version_length_max} characters")
-            validate_text(label, "an agent version", bytes_max=4 * agent_version_length_max)
+        _check_agent_labels(name, version, compatible)
 
         def register(function: F) -> F:
+            annotation = _input_annotation(name, function, explicit=input_type is not None)
             self.agents[name] = AgentDefinition(
-                name=name, function=function, input_type=input_type, version=version,
-                compatible=tuple(compatible), hooks=hooks or NO_HOOKS)
+                name=name, function=_typed_entry(function, annotation),
+                input_type=annotation if input_type is None else input_type,
+                version=version, compatible=tuple(compatible), hooks=hooks or NO_HOOKS)
             return function
 
         return register
@@ -376,12 +381,14 @@ class Engine:
 
     # ------------------------------------------------------------------ workers
 
-    def worker(self, *, concurrency: int = 8, worker_id: str | None = None,
-               **timings: Any) -> Worker:
-        """A worker for this engine's agents; ``timings`` are WorkerConfig fields."""
+    def worker(self, config: WorkerConfig | None = None, *, worker_id: str | None = None,
+               **options: Unpack[WorkerOptions]) -> Worker:
+        """A worker for this engine's agents, configured by ``config`` or, as a shortcut, by
+        keyword arguments naming :class:`~wal_engine.runtime.worker.WorkerConfig` fields
+        (not both: :class:`~wal_engine.errors.ConfigurationError`)."""
         if not self.agents:
             raise ConfigurationError("register at least one agent before starting a worker")
-        return Worker(self, WorkerConfig(concurrency=concurrency, **timings), worker_id)
+        return Worker(self, _worker_config(config, options), worker_id)
 
     async def close(self) -> None:
         """Flush pending appends and close the pool."""
@@ -395,29 +402,130 @@ class Engine:
         await self.close()
 
 
-async def connect(
-    dsn: str | None = None,
-    *,
-    payload_bytes_max: int = limits.payload_bytes_max,
-    pool_size_max: int = limits.pool_size_max,
-    migrate: bool = True,
-    require_synchronous_commit: bool = True,
-    snapshot_policy: SnapshotPolicy | None = None,
-    redactor: Redactor | None = default_redactor,
-    secrets: SecretResolver | None = None,
-    development: bool | None = None,
-    tenant: str | None = None,
-    tasks_max: int | None = limits.tasks_max,
-    events_per_task_max: int = limits.history_events_max,
-    llm_spend_max_usd: float | None = None,
-    statement_timeout_ms: int = limits.statement_timeout_ms,
-    recovery_attempts_max: int = recovery_attempts_max_default,
-) -> Engine:
+async def connect(dsn: str | None = None, *, config: EngineConfig | None = None,
+                  **options: Unpack[EngineOptions]) -> Engine:
     """Open an engine on ``dsn``, else ``WAL_ENGINE_DSN``, else an embedded PostgreSQL.
 
     The schema is applied on first connect (``migrate=False`` only checks its version).
+    The options are an :class:`EngineConfig` (its fields say what each does) or, as a
+    shortcut, keyword arguments naming its fields; giving both, or a keyword that is not a
+    field, raises :class:`~wal_engine.errors.ConfigurationError`.
+    """
+    chosen = _engine_config(config, options)
+    database = await Database.open(
+        dsn, max_size=chosen.pool_size_max, migrate=chosen.migrate,
+        require_synchronous_commit=chosen.require_synchronous_commit,
+        development=chosen.development, tenant=chosen.tenant, tasks_max=chosen.tasks_max,
+        statement_timeout_ms=chosen.statement_timeout_ms,
+    )
+    return Engine(database, payload_bytes_max=chosen.payload_bytes_max,
+                  snapshot_policy=chosen.snapshot_policy, redactor=chosen.redactor,
+                  secrets=chosen.secrets, events_per_task_max=chosen.events_per_task_max,
+                  llm_spend_max_usd=chosen.llm_spend_max_usd,
+                  recovery_attempts_max=chosen.recovery_attempts_max)
 
-    Args:
+
+# ------------------------------------------------------------------ agent registration
+
+
+def _check_agent_labels(name: str, version: str, compatible: tuple[str, ...]) -> None:
+    """Refuse an agent name or version label the log cannot store (InvalidInput)."""
+    if not name or len(name) > limits.name_length_max:
+        raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
+    # Text PostgreSQL cannot store (NUL, a lone surrogate) is refused here: later, a
+    # worker's claim statement would fail on every poll and claim nothing.
+    validate_text(name, "an agent name", bytes_max=4 * limits.name_length_max)
+    for label in (version, *compatible):
+        if not isinstance(label, str) or not 1 <= len(label) <= agent_version_length_max:
+            raise InvalidInput(
+                f"agent versions must be 1..{agent_version_length_max} characters")
+        validate_text(label, "an agent version", bytes_max=4 * agent_version_length_max)
+
+
+def _input_annotation(name: str, function: Callable[..., Any], *, explicit: bool) -> Any:
+    """The type the input parameter of ``function`` (its second) is annotated with, or None
+    (no annotation, ``Any`` or ``object``). An annotation that cannot be resolved (a name
+    defined only under ``TYPE_CHECKING`` or inside a function) is ignored when an explicit
+    ``input_type`` was given, and otherwise refused: the function would get another type
+    than it declares."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if len(parameters) < 2 or parameters[1].annotation is inspect.Parameter.empty:
+        return None
+    annotation = parameters[1].annotation
+    if isinstance(annotation, str):
+        try:
+            annotation = _resolve(annotation, function)
+        except Exception as error:  # get_type_hints raises whatever evaluating it raises
+            if explicit:
+                return None
+            raise ConfigurationError(
+                f"the input annotation {annotation!r} of agent {name!r} cannot be resolved "
+                f"({type(error).__name__}: {error}); define the type at module level or "
+                "pass input_type=") from error
+    return None if annotation in (Any, object) else annotation
+
+
+def _resolve(annotation: str, function: Callable[..., Any]) -> Any:
+    """Evaluate one string annotation in the namespace of ``function``'s module (and the
+    names its body takes from enclosing functions), as ``typing.get_type_hints`` does."""
+    target = inspect.unwrap(function)
+
+    def holder() -> None:
+        """Carries the one annotation to resolve."""
+
+    holder.__annotations__ = {"value": annotation}
+    namespace = dict(getattr(target, "__globals__", {}))
+    local = inspect.getclosurevars(target).nonlocals if inspect.isfunction(target) else {}
+    return typing.get_type_hints(holder, globalns=namespace, localns=dict(local))["value"]
+
+
+def _typed_entry(function: F, annotation: Any) -> AgentFunction:
+    """What a run calls: ``function`` itself, or (its input annotated) a function that
+    converts the stored JSON input to the annotated type first. A stored input that does not
+    convert (a task submitted without this agent's check) fails the task with InvalidInput."""
+    if annotation is None:
+        return function
+
+    @functools.wraps(function)
+    async def entry(context: AgentContext, stored: Any) -> Any:
+        try:
+            typed = msgspec.convert(stored, annotation)
+        except msgspec.ValidationError as error:
+            raise InvalidInput(f"the task's input does not match {annotation!r}, the input "
+                               f"type of its agent: {error}") from error
+        return await function(context, typed)
+
+    return entry
+
+
+# ------------------------------------------------------------------ configuration
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The options of :func:`connect` (``connect(dsn, config=EngineConfig(...))``, or the
+    same names as keyword arguments). Validated when made
+    (:class:`~wal_engine.errors.ConfigurationError`).
+
+    Attributes:
+        payload_bytes_max: The cap on one event's encoded payload; at most the database's
+            own ceiling (``limits.payload_bytes_ceiling``, a CHECK on the log).
+        pool_size_max: The most connections of the engine's pool.
+        migrate: Apply the schema on first connect (False only checks its version).
+        require_synchronous_commit: Refuse a server that acknowledges commits before they
+            are durable.
+        snapshot_policy: When workers write snapshots (None: the engine's default).
+        redactor: Applied to every input, intent, result, message and signal before it is
+            hashed and written (:mod:`wal_engine.security.redaction`); None stores values
+            as given.
+        secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
+            and LLM requests just before each attempt; the values are never stored.
+        development: Whether a refusal of the start-up security self-test
+            (:mod:`wal_engine.security.roles`: superuser, BYPASSRLS, owner of the log) is
+            only logged. None decides from the setup: the embedded server and
+            ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
         tenant: The one tenant this engine serves (default ``WAL_ENGINE_TENANT``, else
             ``"default"``): every connection is bound to it, and row-level security and
             every statement keep it to that tenant's tasks. Letters, digits and
@@ -435,40 +543,101 @@ async def connect(
             checked before each LLM call, a task that finds it reached fails with
             ``budget_exceeded`` (``tenant_llm_spend_usd``); an administrator's cap in
             ``wal_tenants.llm_spend_max_usd`` applies as well.
-        payload_bytes_max: The cap on one event's encoded payload; at most the database's
-            own ceiling (``limits.payload_bytes_ceiling``, a CHECK on the log).
-        redactor: Applied to every input, intent, result, message and signal before it is
-            hashed and written (:mod:`wal_engine.security.redaction`); None stores values as given.
-        secrets: Resolves secret references (``redaction.secret_ref``) in tool arguments
-            and LLM requests just before each attempt; the values are never stored.
         statement_timeout_ms: The ``statement_timeout`` every engine session sends at its
             start (it wins over role and database defaults, decision 35).
         recovery_attempts_max: How many times a task may be claimed again after its
             runs were lost (crashes, expired leases) before it is dead-lettered.
-        development: Whether a refusal of the start-up security self-test
-            (:mod:`wal_engine.security.roles`: superuser, BYPASSRLS, owner of the log) is only
-            logged. None decides from the setup: the embedded server and
-            ``WAL_ENGINE_DEVELOPMENT=1`` are development setups.
     """
-    if not 1 <= events_per_task_max <= limits.events_per_task_ceiling:
-        raise ConfigurationError(f"events_per_task_max must be 1..{limits.events_per_task_ceiling}"
-                                 f" (the database's ceiling)")
-    if not 1 <= payload_bytes_max <= limits.payload_bytes_ceiling:
-        raise ConfigurationError(f"payload_bytes_max must be 1..{limits.payload_bytes_ceiling} "
-                                 f"(the database's ceiling)")
-    if llm_spend_max_usd is not None and not (
-            math.isfinite(llm_spend_max_usd) and llm_spend_max_usd >= 0):
-        raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")
-    if recovery_attempts_max < 1:
-        raise ConfigurationError("recovery_attempts_max must be at least 1")
-    database = await Database.open(
-        dsn, max_size=pool_size_max, migrate=migrate,
-        require_synchronous_commit=require_synchronous_commit, development=development,
-        tenant=tenant, tasks_max=tasks_max, statement_timeout_ms=statement_timeout_ms,
-    )
-    return Engine(database, payload_bytes_max=payload_bytes_max,
-                  snapshot_policy=snapshot_policy, redactor=redactor, secrets=secrets,
-                  events_per_task_max=events_per_task_max, llm_spend_max_usd=llm_spend_max_usd,
-                  recovery_attempts_max=recovery_attempts_max)
+
+    payload_bytes_max: int = limits.payload_bytes_max
+    pool_size_max: int = limits.pool_size_max
+    migrate: bool = True
+    require_synchronous_commit: bool = True
+    snapshot_policy: SnapshotPolicy | None = None
+    redactor: Redactor | None = default_redactor
+    secrets: SecretResolver | None = None
+    development: bool | None = None
+    tenant: str | None = None
+    tasks_max: int | None = limits.tasks_max
+    events_per_task_max: int = limits.history_events_max
+    llm_spend_max_usd: float | None = None
+    statement_timeout_ms: int = limits.statement_timeout_ms
+    recovery_attempts_max: int = recovery_attempts_max_default
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.events_per_task_max <= limits.events_per_task_ceiling:
+            raise ConfigurationError(f"events_per_task_max must be 1.."
+                                     f"{limits.events_per_task_ceiling} (the database's ceiling)")
+        if not 1 <= self.payload_bytes_max <= limits.payload_bytes_ceiling:
+            raise ConfigurationError(f"payload_bytes_max must be 1.."
+                                     f"{limits.payload_bytes_ceiling} (the database's ceiling)")
+        spend = self.llm_spend_max_usd
+        if spend is not None and not (math.isfinite(spend) and spend >= 0):
+            raise ConfigurationError("llm_spend_max_usd must be a finite amount of at least 0")
+        if self.recovery_attempts_max < 1:
+            raise ConfigurationError("recovery_attempts_max must be at least 1")
 
 
+class EngineOptions(TypedDict, total=False):
+    """:class:`EngineConfig`'s fields as keyword arguments of :func:`connect` (a test keeps
+    the two the same)."""
+
+    payload_bytes_max: int
+    pool_size_max: int
+    migrate: bool
+    require_synchronous_commit: bool
+    snapshot_policy: SnapshotPolicy | None
+    redactor: Redactor | None
+    secrets: SecretResolver | None
+    development: bool | None
+    tenant: str | None
+    tasks_max: int | None
+    events_per_task_max: int
+    llm_spend_max_usd: float | None
+    statement_timeout_ms: int
+    recovery_attempts_max: int
+
+
+class WorkerOptions(TypedDict, total=False):
+    """:class:`~wal_engine.runtime.worker.WorkerConfig`'s fields as keyword arguments of
+    :meth:`Engine.worker` (a test keeps the two the same)."""
+
+    concurrency: int
+    lease_ttl_ms: int
+    heartbeat_ms: int
+    poll_ms: int
+    sweep_ms: int
+    drain_timeout_s: float
+    sync_threads: int
+    stall_warn_ms: int
+    stall_abandon_ms: int
+
+
+def _options_config(kind: type[ConfigT], config: ConfigT | None, options: Mapping[str, Any],
+                    where: str) -> ConfigT:
+    """``config``, or one made from the keyword ``options``; both given, a keyword that is
+    not a field or a value the config refuses: ConfigurationError."""
+    if config is not None:
+        if options:
+            raise ConfigurationError(f"{where}: pass config= or keyword options, not both "
+                                     f"(got config= and {', '.join(sorted(options))})")
+        if not isinstance(config, kind):
+            raise ConfigurationError(f"{where}: config= must be a {kind.__name__}, "
+                                     f"not {type(config).__name__}")
+        return config
+    unknown = sorted(set(options) - set(kind.__struct_fields__))
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown option(s) {', '.join(unknown)}; the "
+                                 f"options are {kind.__name__}'s fields")
+    try:
+        return kind(**options)
+    except (TypeError, ValueError) as error:  # WorkerConfig's checks raise ValueError
+        raise ConfigurationError(f"{where}: {error}") from error
+
+
+def _engine_config(config: EngineConfig | None, options: Mapping[str, Any]) -> EngineConfig:
+    return _options_config(EngineConfig, config, options, "connect()")
+
+
+def _worker_config(config: WorkerConfig | None, options: Mapping[str, Any]) -> WorkerConfig:
+    return _options_config(WorkerConfig, config, options, "engine.worker()")

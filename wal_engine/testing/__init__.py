@@ -20,13 +20,14 @@ What is here (see ``docs/testing.md`` for a walk-through):
 * :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
 * :mod:`wal_engine.testing.proxy`: a TCP proxy for network faults.
 
-Names are loaded lazily, so importing this package pulls in neither Hypothesis nor pytest.
+Names are loaded lazily, so importing this package pulls in neither Hypothesis nor pytest;
+type checkers read them through the ``TYPE_CHECKING`` imports (the same set as ``_lazy``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _lazy = {
     "DatabaseFactory": "wal_engine.testing.postgres",
@@ -68,11 +69,83 @@ _lazy = {
 }
 
 
+if TYPE_CHECKING:
+    from wal_engine.runtime.replayer import check_history, replay_events
+    from wal_engine.testing.crash import (
+        advance_timers,
+        crash_at,
+        deliver_signals,
+        drive_to_quiescence,
+        expire_leases,
+        outcome,
+        run_crash_free,
+        run_crash_free_many,
+        run_worker_until_idle,
+    )
+    from wal_engine.testing.effects import EffectStats, run_effect_model
+    from wal_engine.testing.invariants import AckRecorder, assert_no_violations, check_log
+    from wal_engine.testing.ledger import Behaviour, EffectLedger, StaleDelivery, check_effects
+    from wal_engine.testing.machine import (
+        AgentUnderTest,
+        MachineStats,
+        Submission,
+        crash_machine,
+        run_crash_machine,
+    )
+    from wal_engine.testing.postgres import DatabaseFactory, TestServer, start_test_server
+    from wal_engine.testing.processes import WorkerPool, WorkerProcess
+    from wal_engine.testing.proxy import FaultProxy
+    from wal_engine.testing.replay import (
+        ReplayMismatch,
+        assert_replay_equivalent,
+        assert_replays,
+        dump_history,
+        load_history,
+    )
+
+__all__ = [
+    "AckRecorder",
+    "AgentUnderTest",
+    "Behaviour",
+    "DatabaseFactory",
+    "EffectLedger",
+    "EffectStats",
+    "FaultProxy",
+    "MachineStats",
+    "ReplayMismatch",
+    "StaleDelivery",
+    "Submission",
+    "TestServer",
+    "WorkerPool",
+    "WorkerProcess",
+    "advance_timers",
+    "assert_no_violations",
+    "assert_replay_equivalent",
+    "assert_replays",
+    "check_effects",
+    "check_history",
+    "check_log",
+    "crash_at",
+    "crash_machine",
+    "deliver_signals",
+    "drive_to_quiescence",
+    "dump_history",
+    "expire_leases",
+    "load_history",
+    "outcome",
+    "replay_events",
+    "run_crash_free",
+    "run_crash_free_many",
+    "run_crash_machine",
+    "run_effect_model",
+    "run_worker_until_idle",
+    "start_test_server",
+]
+
+
 def __getattr__(name: str) -> Any:
     module_name = _lazy.get(name)
     if module_name is None:
         raise AttributeError(f"module 'wal_engine.testing' has no attribute {name!r}")
     return getattr(importlib.import_module(module_name), name)
 
-
-__all__ = sorted(_lazy)
