@@ -19,33 +19,10 @@ from typing import Final
 
 import msgspec
 
-
-class TransientError(Exception):
-    """Raise from a tool to say: this attempt failed, another may succeed."""
-
-
-class PermanentError(Exception):
-    """Raise from a tool to say: the call failed for good, and nothing more will happen.
-
-    The failure is recorded and agent code gets a ``ToolError``; the call is not in doubt,
-    so raise it from a non-idempotent tool only when the effect did not and will not happen
-    (a declined payment, a validation error answered by the service).
-    """
-
-
-class DidNotAct(Exception):
-    """Raise from a tool to say: this attempt did not act (nothing reached the service).
-
-    The only failure after which a non-idempotent tool is tried again (under the same key,
-    within its policy): every other failure of such a tool is in doubt and escalates.
-    """
-
-
-class LeaseExpired(DidNotAct):
-    """The worker can no longer trust its lease (by its own clock), so the attempt did not
-    act: raised by :func:`wal_engine.runtime.context.ensure_lease` inside a tool, right before its
-    irreversible part, and recorded by the engine when an attempt was due on such a lease.
-    The call is then made by the task's next owner, under the same key."""
+from wal_engine.errors import DidNotAct as DidNotAct
+from wal_engine.errors import LeaseExpired as LeaseExpired
+from wal_engine.errors import PermanentError as PermanentError
+from wal_engine.errors import TransientError as TransientError
 
 
 class Disposition(enum.StrEnum):

@@ -45,7 +45,11 @@ import asyncpg
 import msgspec
 
 from wal_engine import limits, payloads
-from wal_engine.errors import ConfigurationError, DatabaseUnavailable, InvalidInput, WalError
+from wal_engine.errors import ConfigurationError, DatabaseUnavailable
+from wal_engine.errors import EffectFailed as EffectFailed
+from wal_engine.errors import GatewayStoreUnavailable as GatewayStoreUnavailable
+from wal_engine.errors import InvalidKey as InvalidKey
+from wal_engine.errors import StaleEpoch as StaleEpoch
 from wal_engine.observability import metrics
 from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded, redact_text
 from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
@@ -107,45 +111,6 @@ RETURNING key
 """
 
 PING: Final = "SELECT 1"
-
-
-class StaleEpoch(WalError):
-    """A caller holding an older lease epoch than the key's holder tried to act."""
-
-    def __init__(self, key: str, epoch: int, recorded_epoch: int) -> None:
-        super().__init__(
-            f"key {key!r}: epoch {epoch} is older than recorded epoch {recorded_epoch}"
-        )
-        self.key = key
-        self.epoch = epoch
-        self.recorded_epoch = recorded_epoch
-
-
-class EffectFailed(WalError):
-    """The first execution under this key failed permanently; the failure is the answer."""
-
-    def __init__(self, key: str, error: str) -> None:
-        super().__init__(f"effect under key {key!r} failed: {error}")
-        self.key = key
-        self.error = error
-
-
-class InvalidKey(InvalidInput):
-    """An idempotency key no store accepts (empty, too long, or holding a NUL)."""
-
-    def __init__(self, key: object, reason: str) -> None:
-        shown = repr(key)
-        super().__init__(f"idempotency key {shown[:80]}: {reason}")
-        self.reason = reason
-
-
-class GatewayStoreUnavailable(WalError):
-    """The gateway store (Redis) did not answer; nothing is known to have changed."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"gateway store {where} unavailable: {reason}")
-        self.where = where
-        self.reason = reason
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
