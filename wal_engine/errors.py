@@ -32,6 +32,14 @@ class EmbeddedServerUnavailable(ConfigurationError):
     """No DSN was given and no embedded PostgreSQL server can be started."""
 
 
+class InvalidDsn(ConfigurationError):
+    """A connection URL that cannot be read without guessing; the message never holds it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid DSN: {reason}")
+        self.reason = reason
+
+
 class DatabaseUnavailable(WalError):
     """The database cannot be reached (refused, timed out, or shut down)."""
 

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import os
 import random
-import urllib.parse
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -19,6 +18,7 @@ from wal_engine.errors import (
     ConfigurationError,
     CorruptionError,
     DatabaseUnavailable,
+    InvalidDsn,
     SchemaMismatch,
     TaskQuotaExceeded,
     TenantRoleRefused,
@@ -26,6 +26,9 @@ from wal_engine.errors import (
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
+from wal_engine.store.dsn import Dsn
+from wal_engine.store.dsn import redact_dsn as redact_dsn
+from wal_engine.store.dsn import with_database as with_database
 
 log = structlog.get_logger(__name__)
 
@@ -71,18 +74,6 @@ interruption, never as the agent's failure (RELIABILITY.md D5, D6, D8)."""
 
 statement_attempts_max: Final = 3
 statement_retry_delay_s: Final = 0.05
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, safe to print."""
-    try:
-        parts = urllib.parse.urlsplit(dsn)
-    except ValueError:
-        return "<unparseable dsn>"
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 async def resolve_dsn(dsn: str | None = None) -> str:
@@ -135,17 +126,9 @@ def dsn_requests_read_only(dsn: str) -> bool:
     """Whether the DSN asks for read-only transactions (``default_transaction_read_only=on``
     in its query, as ``wal-engine replay`` does): the engine then keeps them read-only."""
     try:
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query)
-    except ValueError:
+        return Dsn.parse(dsn).query_flag("default_transaction_read_only")
+    except InvalidDsn:
         return False
-    values = query.get("default_transaction_read_only", [])
-    return bool(values) and values[-1].strip().lower() in ("on", "true", "yes", "1")
-
-
-def with_database(dsn: str, database: str) -> str:
-    """The same server DSN pointing at another database."""
-    parts = urllib.parse.urlsplit(dsn)
-    return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
 
 
 async def ensure_database(server_dsn: str, database: str) -> None:
