@@ -8,7 +8,6 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import asyncpg
 import msgspec
 import structlog
 
@@ -18,8 +17,10 @@ from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    DuplicateRow,
     InvalidInput,
     ReconcileRefused,
+    WaitTimedOut,
 )
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
@@ -332,7 +333,7 @@ class Engine:
             try:
                 return await self.database.fetchrow(statement, task_id, *args,
                                                     task_id=task_id)
-            except asyncpg.UniqueViolationError:
+            except DuplicateRow:
                 if attempt == emit_attempts_max - 1:
                     raise
                 await asyncio.sleep(0.005 * (attempt + 1))
@@ -371,7 +372,10 @@ class Engine:
                     pass
                 await asyncio.sleep(poll_s)
 
-        await asyncio.wait_for(finished(), timeout_s)
+        try:
+            await asyncio.wait_for(finished(), timeout_s)
+        except TimeoutError as error:
+            raise WaitTimedOut(f"task {task_id!r} to finish", timeout_s) from error
         return await self.state(task_id)
 
     # ------------------------------------------------------------------ workers

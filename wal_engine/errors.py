@@ -49,6 +49,11 @@ class DatabaseUnavailable(WalError):
         self.reason = reason
 
 
+class ConnectionLost(DatabaseUnavailable):
+    """The connection failed while a statement was in flight: it may or may not have
+    committed (an append resolves it by reading its events back, RELIABILITY.md R4)."""
+
+
 class SchemaMismatch(WalError):
     """The database has no wal-engine schema, or one of another version."""
 
@@ -183,6 +188,27 @@ class ConcurrencyConflict(WalError):
         self.task_id = task_id
         self.expected_seq = expected_seq
         self.actual_seq = actual_seq
+
+
+class DuplicateRow(WalError):
+    """A write refused by a unique index: another writer inserted the same key first
+    (SQLSTATE 23505). The store's callers react to it (another writer took the seq, a racer
+    committed the idempotency key); it is not a failure of the caller's input."""
+
+    def __init__(self, constraint: str | None, detail: str) -> None:
+        super().__init__(f"duplicate key ({constraint or 'unique index'}): {detail}")
+        self.constraint = constraint
+
+
+class WaitTimedOut(WalError, TimeoutError):
+    """A wait (for a task to finish, for a claimed key to settle) ran out of time; nothing
+    was changed. Also a ``TimeoutError``, which the same waits raised before."""
+
+    def __init__(self, what: str, timeout_s: float | None) -> None:
+        limit = "" if timeout_s is None else f" within {timeout_s} s"
+        super().__init__(f"{what} did not happen{limit}")
+        self.what = what
+        self.timeout_s = timeout_s
 
 
 class IllegalTransition(WalError):

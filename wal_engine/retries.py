@@ -13,9 +13,12 @@ releases its lease and sleeps in the database), never a coroutine sleeping on a 
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
-from typing import Final
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -125,3 +128,111 @@ def backoff_delay_s(policy: RetryPolicy, task_id: str, seq: int, attempt: int) -
 def should_retry(policy: RetryPolicy, attempt: int, error: BaseException) -> bool:
     """Whether another attempt follows attempt number ``attempt`` that raised ``error``."""
     return attempt < policy.max_attempts and is_transient(error, policy)
+
+
+# ---------------------------------------------------------------------------------------
+# Infrastructure retries: the engine's own statements, reconnects and read-backs (never a
+# tool's call, whose attempts are recorded in the log). One policy per kind of operation.
+
+
+class InfraPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How one kind of infrastructure operation is retried (:func:`retrying`).
+
+    Attributes:
+        name: The kind of operation; part of the jitter, and logged.
+        attempts_max: Attempts in all, the first included; None: bounded by ``deadline_s``
+            only (and by nothing when that is None too: reconnect loops that run until the
+            worker stops).
+        deadline_s: No attempt starts after this many seconds from the first; None: none.
+        initial_delay_s: Cap of the first backoff delay.
+        multiplier: Growth of the cap per attempt.
+        max_delay_s: Largest cap.
+        jitter: Full jitter (a deterministic fraction of the cap, see :func:`infra_jitter`)
+            so that many clients failing together do not retry in lockstep; False: the cap.
+    """
+
+    name: str
+    attempts_max: int | None = 3
+    deadline_s: float | None = None
+    initial_delay_s: float = 0.05
+    multiplier: float = 2.0
+    max_delay_s: float = 1.0
+    jitter: bool = True
+
+    def delay_s(self, attempt: int, key: str = "") -> float:
+        """Delay after attempt number ``attempt`` failed (``key`` spreads the jitter)."""
+        cap = min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (attempt - 1))
+        return cap * infra_jitter(self.name, key, attempt) if self.jitter else cap
+
+    def exhausted(self, attempt: int, elapsed_s: float) -> bool:
+        """Whether no attempt follows attempt number ``attempt`` after ``elapsed_s``."""
+        if self.attempts_max is not None and attempt >= self.attempts_max:
+            return True
+        return self.deadline_s is not None and elapsed_s >= self.deadline_s
+
+
+def infra_jitter(name: str, key: str, attempt: int) -> float:
+    """A deterministic number in [0, 1) for attempt ``attempt`` of operation ``name`` on
+    ``key``: a failing run reproduces its delays, and two keys do not retry together."""
+    digest = hashlib.sha256(f"infra\n{name}\n{key}\n{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+STATEMENT_RETRY: Final = InfraPolicy(name="statement", attempts_max=3, initial_delay_s=0.1,
+                                     max_delay_s=0.4)
+"""A statement of its own rolled back whole (deadlock, lock or statement timeout): run it
+again (store/connection.py ``Database.fetch``)."""
+GATEWAY_TRANSACTION_RETRY: Final = InfraPolicy(name="gateway_transaction", attempts_max=3,
+                                               initial_delay_s=0.1, max_delay_s=0.4)
+"""The exactly-once transaction of the gateway rolled back whole, or lost the key's race."""
+EMIT_RETRY: Final = InfraPolicy(name="emit", attempts_max=10, initial_delay_s=0.005,
+                                multiplier=1.5, max_delay_s=0.05)
+"""A database-written event (cancel, signal wake) lost its seq to the task's own append."""
+RESOLVE_RETRY: Final = InfraPolicy(name="resolve", attempts_max=None, deadline_s=30.0,
+                                   initial_delay_s=0.05, max_delay_s=1.0, jitter=False)
+"""Reading back an append whose answer was lost, until the database answers or 30 s pass
+(then :class:`~wal_engine.errors.AmbiguousCommit`)."""
+RECONNECT_RETRY: Final = InfraPolicy(name="reconnect", attempts_max=None,
+                                     initial_delay_s=0.05, max_delay_s=5.0)
+"""A dedicated session (sweep, LISTEN, lease renewals) reconnecting until its loop stops."""
+CLAIM_RETRY: Final = InfraPolicy(name="claim", attempts_max=None, initial_delay_s=0.05,
+                                 max_delay_s=5.0)
+"""A worker's claim or registration statement failing while the database is away."""
+READ_RETRY: Final = InfraPolicy(name="read", attempts_max=None, initial_delay_s=0.05,
+                                max_delay_s=1.0)
+"""A read that is simply made again (``engine.wait`` polling through an outage); bounded
+by the caller's own timeout."""
+
+T = TypeVar("T")
+
+
+async def retrying(
+    policy: InfraPolicy,
+    operation: Callable[[], Awaitable[T]],
+    *,
+    retry_if: Callable[[BaseException], bool],
+    key: str = "",
+    on_retry: Callable[[BaseException, int, float], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Run ``operation`` until it returns, retrying the errors ``retry_if`` accepts.
+
+    The last error is raised unchanged when ``retry_if`` refuses it or ``policy`` is
+    exhausted (callers translate it: the retried error is theirs to name). ``on_retry``
+    hears ``(error, attempt, delay_s)`` before each sleep; ``sleep`` and ``clock`` are the
+    time sources (injected by tests).
+    """
+    started = clock()
+    attempt = 1
+    while True:
+        try:
+            return await operation()
+        except Exception as error:
+            if not retry_if(error) or policy.exhausted(attempt, clock() - started):
+                raise
+            delay = policy.delay_s(attempt, key)
+            if on_retry is not None:
+                on_retry(error, attempt, delay)
+        await sleep(delay)
+        attempt += 1
