@@ -74,8 +74,7 @@ async def _outcome(call: Callable[[], Awaitable[Any]]) -> BaseException | None:
 def _raw(error: BaseException) -> bool:
     """Whether ``error`` is a driver or OS error, or a bare TimeoutError (not a WalError)."""
     return (not isinstance(error, WalError)
-            or isinstance(error, asyncpg.PostgresError | asyncpg.InterfaceError)
-            or type(error) in (TimeoutError, OSError, ConnectionRefusedError))
+            or type(error).__module__ in ("builtins", "asyncpg.exceptions"))
 
 
 async def _assert_only_wal_errors(engine: Engine, task_id: str) -> dict[str, str]:
