@@ -50,8 +50,14 @@ class DatabaseUnavailable(WalError):
 
 
 class ConnectionLost(DatabaseUnavailable):
-    """The connection failed while a statement was in flight: it may or may not have
-    committed (an append resolves it by reading its events back, RELIABILITY.md R4)."""
+    """A session was lost, refused or left unanswered (the driver's or the socket's error is
+    the ``__cause__``). When ``sent``, a statement was in flight and may or may not have
+    committed (an append resolves it by reading its events back, RELIABILITY.md R4); when
+    not, the connection failed before anything was sent."""
+
+    def __init__(self, dsn_redacted: str, reason: str, *, sent: bool = True) -> None:
+        super().__init__(dsn_redacted, reason)
+        self.sent = sent
 
 
 class SchemaMismatch(WalError):

@@ -22,6 +22,7 @@ from typing import Final, TypeVar
 
 import msgspec
 
+from wal_engine.errors import ConnectionLost
 from wal_engine.errors import DidNotAct as DidNotAct
 from wal_engine.errors import LeaseExpired as LeaseExpired
 from wal_engine.errors import PermanentError as PermanentError
@@ -68,7 +69,9 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 NO_RETRY: Final = RetryPolicy(max_attempts=1)
 DEFAULT_POLICY: Final = RetryPolicy()
 
-_transient_builtin: Final = (TransientError, TimeoutError, ConnectionError)
+_transient_builtin: Final = (TransientError, TimeoutError, ConnectionError, ConnectionLost)
+"""ConnectionLost is the engine's own typed form of a ConnectionError (a tool using the
+engine's database meets it where it met the driver's ConnectionError before)."""
 
 
 def is_transient(error: BaseException, policy: RetryPolicy) -> bool:

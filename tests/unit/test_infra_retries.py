@@ -128,12 +128,13 @@ def test_policy_without_bounds_is_never_exhausted() -> None:
     asyncpg.exceptions.InterfaceError("connection is closed"),
 ])
 def test_disconnects_become_database_unavailable(error: Exception) -> None:
-    """Every kind of lost or refused connection is DatabaseUnavailable before anything was
-    sent, ConnectionLost (its subclass: outcome unknown) once a statement was in flight."""
+    """Every kind of lost or refused connection is ConnectionLost (a DatabaseUnavailable),
+    whose ``sent`` says whether a statement was in flight (its outcome unknown)."""
     before = sqlstate.translate_failure(error, "postgresql://h/d", sent=False)
     after = sqlstate.translate_failure(error, "postgresql://h/d", sent=True)
-    assert type(before) is DatabaseUnavailable
-    assert type(after) is ConnectionLost
+    assert isinstance(before, ConnectionLost) and isinstance(after, ConnectionLost)
+    assert isinstance(after, DatabaseUnavailable)
+    assert (before.sent, after.sent) == (False, True)
     assert type(error).__name__ in after.reason
 
 

@@ -155,7 +155,12 @@ def connect_failure(dsn: str, error: BaseException) -> WalError | BaseException:
         # not a number): the same answer as the DSNs asyncpg itself calls invalid.
         return DatabaseUnavailable(redact_dsn(dsn), f"invalid DSN: {error}")
     translated = sqlstate.translate_failure(error, redact_dsn(dsn), sent=False)
-    return error if translated is None else translated
+    if translated is None:
+        return error
+    if isinstance(translated, DatabaseUnavailable):
+        # A connection of its own that could not be opened: the answer it always had.
+        return DatabaseUnavailable(translated.dsn_redacted, translated.reason)
+    return translated
 
 
 def schema_sql() -> str:
@@ -378,8 +383,8 @@ class Database:
         """The typed error for a driver error raised by a statement of this database (the
         one place, through :func:`wal_engine.store.sqlstate.translate_failure`), else
         ``error`` itself (a transient SQLSTATE, an unknown one, no driver's error). A
-        disconnect is :class:`ConnectionLost` when ``sent`` (a statement may be in flight),
-        else :class:`DatabaseUnavailable`."""
+        disconnect is :class:`ConnectionLost`, whose ``sent`` says whether a statement may
+        be in flight."""
         if isinstance(error, OverflowError):
             # A stored value this client cannot represent (a timestamp in the year 20000,
             # -infinity) planted outside the engine: a typed error, not a crash of the

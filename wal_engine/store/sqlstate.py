@@ -17,7 +17,6 @@ from wal_engine.errors import (
     AppendOnlyViolation,
     CapExceeded,
     ConnectionLost,
-    DatabaseUnavailable,
     DuplicateRow,
     IllegalTransition,
     InvalidInput,
@@ -88,16 +87,15 @@ def translate_failure(error: BaseException, dsn_redacted: str, *, task_id: str |
                       sent: bool = True) -> WalError | None:
     """The wal-engine exception for any driver error, or None when it has none.
 
-    A disconnect becomes :class:`ConnectionLost` when ``sent`` (a statement was in flight,
-    its outcome unknown), else :class:`DatabaseUnavailable` (nothing reached the server).
+    A disconnect becomes :class:`ConnectionLost` (its ``sent`` says whether a statement was
+    in flight, its outcome unknown, or nothing reached the server).
     A transient SQLSTATE is left to the caller (see :data:`TRANSIENT_SQLSTATES`).
     """
     if isinstance(error, WalError):
         return None
     if is_disconnect(error):
         reason = f"{type(error).__name__}: {error}".rstrip(": ")
-        cls = ConnectionLost if sent else DatabaseUnavailable
-        return cls(dsn_redacted, reason)
+        return ConnectionLost(dsn_redacted, reason, sent=sent)
     if isinstance(error, asyncpg.PostgresError) and not is_transient(error):
         return translate(error, task_id)
     return None
