@@ -198,9 +198,14 @@ RESOLVE_RETRY: Final = InfraPolicy(name="resolve", attempts_max=None, deadline_s
 RECONNECT_RETRY: Final = InfraPolicy(name="reconnect", attempts_max=None,
                                      initial_delay_s=0.05, max_delay_s=5.0)
 """A dedicated session (sweep, LISTEN, lease renewals) reconnecting until its loop stops."""
-CLAIM_RETRY: Final = InfraPolicy(name="claim", attempts_max=None, initial_delay_s=0.05,
-                                 max_delay_s=5.0)
-"""A worker's claim or registration statement failing while the database is away."""
+RUN_RECONNECT_RETRY: Final = InfraPolicy(name="run_reconnect", attempts_max=None,
+                                         initial_delay_s=0.05, max_delay_s=2.0, jitter=False)
+"""A task run waiting for the database while its lease can be trusted (the caller's
+``retry_if`` checks the lease, which bounds it)."""
+CLAIM_RETRY: Final = InfraPolicy(name="claim", attempts_max=3, initial_delay_s=0.05,
+                                 max_delay_s=1.0)
+"""A worker's claim or registration statement failing while the database is away: a few
+quick attempts, then the claim loop's own poll (so a draining worker is not held up)."""
 READ_RETRY: Final = InfraPolicy(name="read", attempts_max=None, initial_delay_s=0.05,
                                 max_delay_s=1.0)
 """A read that is simply made again (``engine.wait`` polling through an outage); bounded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -15,6 +15,7 @@ import structlog
 
 from wal_engine import limits
 from wal_engine.errors import (
+    AmbiguousCommit,
     ConfigurationError,
     ConnectionLost,
     CorruptionError,
@@ -60,6 +61,15 @@ CONNECTION_ERRORS: Final = (
 code that holds a connection of its own."""
 
 TRANSIENT_SQLSTATES: Final = sqlstate.TRANSIENT_SQLSTATES
+
+UNAVAILABLE_ERRORS: Final = (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit)
+"""Everything that says "the database is away" to a caller of the store: waited out,
+never the agent's or the caller's failure."""
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database is away (``retry_if`` of the retry helper)."""
+    return isinstance(error, UNAVAILABLE_ERRORS)
 
 
 async def resolve_dsn(dsn: str | None = None) -> str:
@@ -134,12 +144,18 @@ async def ensure_database(server_dsn: str, database: str) -> None:
         await connection.close()
 
 
-async def _connect_once(dsn: str, settings: dict[str, str] | None = None) -> asyncpg.Connection:
+async def connect_once(dsn: str, settings: Mapping[str, str] | None = None
+                       ) -> asyncpg.Connection:
+    """One connection outside any pool (a dedicated session: sweep, LISTEN, renewals);
+    every failure to open it is :class:`DatabaseUnavailable`."""
     try:
         return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
-                                     server_settings=settings)
+                                     server_settings=None if settings is None else dict(settings))
     except Exception as error:
         raise connect_failure(dsn, error) from error
+
+
+_connect_once = connect_once  # The name the CLI modules import.
 
 
 def connect_failure(dsn: str, error: BaseException) -> WalError | BaseException:
