@@ -11,7 +11,6 @@ import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
-import asyncpg
 import msgspec
 import structlog
 
@@ -21,8 +20,10 @@ from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    DuplicateRow,
     InvalidInput,
     ReconcileRefused,
+    WaitTimedOut,
 )
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
@@ -337,7 +338,7 @@ class Engine:
             try:
                 return await self.database.fetchrow(statement, task_id, *args,
                                                     task_id=task_id)
-            except asyncpg.UniqueViolationError:
+            except DuplicateRow:
                 if attempt == emit_attempts_max - 1:
                     raise
                 await asyncio.sleep(0.005 * (attempt + 1))
@@ -376,7 +377,10 @@ class Engine:
                     pass
                 await asyncio.sleep(poll_s)
 
-        await asyncio.wait_for(finished(), timeout_s)
+        try:
+            await asyncio.wait_for(finished(), timeout_s)
+        except TimeoutError as error:
+            raise WaitTimedOut(f"task {task_id!r} to finish", timeout_s) from error
         return await self.state(task_id)
 
     # ------------------------------------------------------------------ workers

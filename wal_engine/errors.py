@@ -11,6 +11,14 @@ The mapping from PostgreSQL SQLSTATE codes to these classes lives in exactly one
 
 from __future__ import annotations
 
+import concurrent.futures
+from typing import Any, Final
+
+import msgspec
+
+DEVELOPMENT_ENV: Final = "WAL_ENGINE_DEVELOPMENT"
+"""Set to 1 to allow a development setup (a superuser, an owner of the log)."""
+
 
 class WalError(Exception):
     """Root of every error wal-engine raises on purpose."""
@@ -24,6 +32,14 @@ class EmbeddedServerUnavailable(ConfigurationError):
     """No DSN was given and no embedded PostgreSQL server can be started."""
 
 
+class InvalidDsn(ConfigurationError):
+    """A connection URL that cannot be read without guessing; the message never holds it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid DSN: {reason}")
+        self.reason = reason
+
+
 class DatabaseUnavailable(WalError):
     """The database cannot be reached (refused, timed out, or shut down)."""
 
@@ -31,6 +47,17 @@ class DatabaseUnavailable(WalError):
         super().__init__(f"database unreachable at {dsn_redacted}: {reason}")
         self.dsn_redacted = dsn_redacted
         self.reason = reason
+
+
+class ConnectionLost(DatabaseUnavailable):
+    """A session was lost, refused or left unanswered (the driver's or the socket's error is
+    the ``__cause__``). When ``sent``, a statement was in flight and may or may not have
+    committed (an append resolves it by reading its events back, RELIABILITY.md R4); when
+    not, the connection failed before anything was sent."""
+
+    def __init__(self, dsn_redacted: str, reason: str, *, sent: bool = True) -> None:
+        super().__init__(dsn_redacted, reason)
+        self.sent = sent
 
 
 class SchemaMismatch(WalError):
@@ -169,6 +196,27 @@ class ConcurrencyConflict(WalError):
         self.actual_seq = actual_seq
 
 
+class DuplicateRow(WalError):
+    """A write refused by a unique index: another writer inserted the same key first
+    (SQLSTATE 23505). The store's callers react to it (another writer took the seq, a racer
+    committed the idempotency key); it is not a failure of the caller's input."""
+
+    def __init__(self, constraint: str | None, detail: str) -> None:
+        super().__init__(f"duplicate key ({constraint or 'unique index'}): {detail}")
+        self.constraint = constraint
+
+
+class WaitTimedOut(WalError, TimeoutError):
+    """A wait (for a task to finish, for a claimed key to settle) ran out of time; nothing
+    was changed. Also a ``TimeoutError``, which the same waits raised before."""
+
+    def __init__(self, what: str, timeout_s: float | None) -> None:
+        limit = "" if timeout_s is None else f" within {timeout_s} s"
+        super().__init__(f"{what} did not happen{limit}")
+        self.what = what
+        self.timeout_s = timeout_s
+
+
 class IllegalTransition(WalError):
     """A status move that the task state machine does not allow."""
 
@@ -284,3 +332,255 @@ class TenantRoleRefused(ConfigurationError):
     def __init__(self, role: str, reason: str) -> None:
         super().__init__(reason)
         self.role = role
+
+
+# ---------------------------------------------------------------------------------------
+# What tool code raises to steer retries (not WalErrors: they are the tool's words, and
+# the engine classifies them, wal_engine.retries.classify_failure).
+
+
+class TransientError(Exception):
+    """Raise from a tool to say: this attempt failed, another may succeed."""
+
+
+class PermanentError(Exception):
+    """Raise from a tool to say: the call failed for good, and nothing more will happen.
+
+    The failure is recorded and agent code gets a ``ToolError``; the call is not in doubt,
+    so raise it from a non-idempotent tool only when the effect did not and will not happen
+    (a declined payment, a validation error answered by the service).
+    """
+
+
+class DidNotAct(Exception):
+    """Raise from a tool to say: this attempt did not act (nothing reached the service).
+
+    The only failure after which a non-idempotent tool is tried again (under the same key,
+    within its policy): every other failure of such a tool is in doubt and escalates.
+    """
+
+
+class LeaseExpired(DidNotAct):
+    """The worker can no longer trust its lease (by its own clock), so the attempt did not
+    act: raised by :func:`wal_engine.runtime.context.ensure_lease` inside a tool, right before its
+    irreversible part, and recorded by the engine when an attempt was due on such a lease.
+    The call is then made by the task's next owner, under the same key."""
+
+
+# ---------------------------------------------------------------------------------------
+# Calls, effects and the side-effect gateway.
+
+
+class CallTimedOut(TimeoutError):
+    """An attempt ran past its ``timeout_s``. For a sync function its thread cannot be
+    stopped and may still act: :meth:`still_running` says whether it does."""
+
+    def __init__(self, timeout_s: float, thread: concurrent.futures.Future[Any] | None) -> None:
+        super().__init__(f"the call did not return within {timeout_s} s")
+        self.timeout_s = timeout_s
+        self.thread = thread
+
+    def still_running(self) -> bool:
+        """Whether the timed-out call's thread is still running it."""
+        return self.thread is not None and not self.thread.done()
+
+
+class ToolError(WalError):
+    """A tool or LLM call failed for good (its attempts are in the log)."""
+
+    def __init__(self, call_id: str, error_type: str, error: str) -> None:
+        super().__init__(f"call {call_id} failed: {error_type}: {error}")
+        self.call_id = call_id
+        self.error_type = error_type
+        self.error = error
+
+
+class SignalTimeout(WalError):
+    """No signal arrived before the wait's timeout."""
+
+
+class StaleEpoch(WalError):
+    """A caller holding an older lease epoch than the key's holder tried to act."""
+
+    def __init__(self, key: str, epoch: int, recorded_epoch: int) -> None:
+        super().__init__(
+            f"key {key!r}: epoch {epoch} is older than recorded epoch {recorded_epoch}"
+        )
+        self.key = key
+        self.epoch = epoch
+        self.recorded_epoch = recorded_epoch
+
+
+class EffectFailed(WalError):
+    """The first execution under this key failed permanently; the failure is the answer."""
+
+    def __init__(self, key: str, error: str) -> None:
+        super().__init__(f"effect under key {key!r} failed: {error}")
+        self.key = key
+        self.error = error
+
+
+class InvalidKey(InvalidInput):
+    """An idempotency key no store accepts (empty, too long, or holding a NUL)."""
+
+    def __init__(self, key: object, reason: str) -> None:
+        shown = repr(key)
+        super().__init__(f"idempotency key {shown[:80]}: {reason}")
+        self.reason = reason
+
+
+class GatewayStoreUnavailable(WalError):
+    """The gateway store (Redis) did not answer; nothing is known to have changed."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"gateway store {where} unavailable: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class HttpToolError(WalError):
+    """The API answered with an error status a retry will not change."""
+
+    def __init__(self, method: str, url: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {url} answered {status}: {body[:200]}")
+        self.method = method
+        self.url = url
+        self.status = status
+        self.body = body
+
+
+class HttpToolRetry(TransientError):
+    """The API answered that it did not act (409 in flight, 429, 503): retry the call."""
+
+
+class MalformedKey(InvalidInput):
+    """An ``Idempotency-Key`` header that is not one key of an acceptable size."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"Idempotency-Key {reason}")
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------
+# Security: roles, tenants, secrets, sealed values, anchors.
+
+
+class InsecureSetup(ConfigurationError):
+    """The runtime's role could rewrite the log; it refuses to start (RELIABILITY.md S9)."""
+
+    def __init__(self, role: str, problems: list[str]) -> None:
+        super().__init__(
+            f"refusing to run as role {role!r}: {'; '.join(problems)}. Connect as the "
+            f"application role that `wal-engine setup --dsn ADMIN_DSN` makes (or "
+            f"wal_engine.security.roles.apply_security; see docs/security.md), or, for a "
+            f"development setup, pass --development on the command line (development=True "
+            f"to connect()) or set {DEVELOPMENT_ENV}=1"
+        )
+        self.role = role
+        self.problems = problems
+
+
+class TenantExists(InvalidInput):
+    """The tenant already has a role (rotate its password instead)."""
+
+    def __init__(self, tenant: str, role: str) -> None:
+        super().__init__(f"tenant {tenant!r} already has role {role!r}; "
+                         "use `wal-engine tenant rotate` for a new password")
+        self.tenant = tenant
+        self.role = role
+
+
+class UnknownTenant(InvalidInput):
+    """No role is provisioned for the tenant in this database."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"tenant {tenant!r} has no role in this database "
+                         "(`wal-engine tenant create`)")
+        self.tenant = tenant
+
+
+class SecretUnavailable(WalError):
+    """A secret reference could not be resolved (no resolver, or the resolver failed)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"secret {name!r} is unavailable: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class KeyShredded(WalError):
+    """The tenant key an envelope was sealed with is gone: its content is unrecoverable."""
+
+    def __init__(self, tenant: str, key_version: int) -> None:
+        super().__init__(f"the key of tenant {tenant!r} (version {key_version}) was deleted")
+        self.tenant = tenant
+        self.key_version = key_version
+
+
+class EnvelopeInvalid(WalError):
+    """Not a sealed envelope, or one whose ciphertext does not authenticate."""
+
+
+class AnchorInvalid(WalError):
+    """The anchor file is unreadable, of another format, or its signature does not hold."""
+
+
+# ---------------------------------------------------------------------------------------
+# Non-determinism: today's code asks for other calls than the log recorded (raised by the
+# pure replayer, replay.journal).
+
+
+class CallSignature(msgspec.Struct, frozen=True, kw_only=True):
+    """What identifies one external call for matching: kind, name and args hash."""
+
+    kind: str
+    name: str
+    args_hash: str = ""
+
+    def __str__(self) -> str:
+        args = f" with args {self.args_hash[:16]}" if self.args_hash else ""
+        return f"{self.kind} {self.name!r}{args}"
+
+
+class NonDeterminismError(WalError):
+    """The code's k-th external call differs from the k-th recorded one, or their counts do.
+
+    Attributes:
+        seq: Seq of the recorded event where code and history part (the recorded intent, or
+            the event that ended the history when the code asks for more calls).
+        recorded: The recorded call, or None when the history has no further call.
+        requested: The call the code asked for, or None when the code finished.
+        fork_point: The last seq before the divergence; fork there to let today's code run.
+        call_index: Position (from 0) of the call in the task's sequence of external calls.
+        task_id: The task, when known.
+    """
+
+    def __init__(
+        self,
+        *,
+        seq: int,
+        recorded: CallSignature | None,
+        requested: CallSignature | None,
+        fork_point: int,
+        call_index: int,
+        task_id: str | None = None,
+    ) -> None:
+        self.seq = seq
+        self.recorded = recorded
+        self.requested = requested
+        self.fork_point = fork_point
+        self.call_index = call_index
+        self.task_id = task_id
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        who = f" in task {self.task_id!r}" if self.task_id else ""
+        recorded = "no further call" if self.recorded is None else str(self.recorded)
+        requested = "no further call (it finished)" if self.requested is None else str(
+            self.requested
+        )
+        return (
+            f"non-determinism{who} at seq {self.seq}, external call #{self.call_index}: "
+            f"the history recorded {recorded}, the code asked for {requested}; "
+            f"fork at seq {self.fork_point} to continue with today's code"
+        )

@@ -13,39 +13,20 @@ releases its lease and sleeps in the database), never a coroutine sleeping on a 
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
-from typing import Final
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import msgspec
 
-
-class TransientError(Exception):
-    """Raise from a tool to say: this attempt failed, another may succeed."""
-
-
-class PermanentError(Exception):
-    """Raise from a tool to say: the call failed for good, and nothing more will happen.
-
-    The failure is recorded and agent code gets a ``ToolError``; the call is not in doubt,
-    so raise it from a non-idempotent tool only when the effect did not and will not happen
-    (a declined payment, a validation error answered by the service).
-    """
-
-
-class DidNotAct(Exception):
-    """Raise from a tool to say: this attempt did not act (nothing reached the service).
-
-    The only failure after which a non-idempotent tool is tried again (under the same key,
-    within its policy): every other failure of such a tool is in doubt and escalates.
-    """
-
-
-class LeaseExpired(DidNotAct):
-    """The worker can no longer trust its lease (by its own clock), so the attempt did not
-    act: raised by :func:`wal_engine.runtime.context.ensure_lease` inside a tool, right before its
-    irreversible part, and recorded by the engine when an attempt was due on such a lease.
-    The call is then made by the task's next owner, under the same key."""
+from wal_engine.errors import ConnectionLost
+from wal_engine.errors import DidNotAct as DidNotAct
+from wal_engine.errors import LeaseExpired as LeaseExpired
+from wal_engine.errors import PermanentError as PermanentError
+from wal_engine.errors import TransientError as TransientError
 
 
 class Disposition(enum.StrEnum):
@@ -88,7 +69,9 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 NO_RETRY: Final = RetryPolicy(max_attempts=1)
 DEFAULT_POLICY: Final = RetryPolicy()
 
-_transient_builtin: Final = (TransientError, TimeoutError, ConnectionError)
+_transient_builtin: Final = (TransientError, TimeoutError, ConnectionError, ConnectionLost)
+"""ConnectionLost is the engine's own typed form of a ConnectionError (a tool using the
+engine's database meets it where it met the driver's ConnectionError before)."""
 
 
 def is_transient(error: BaseException, policy: RetryPolicy) -> bool:
@@ -148,3 +131,116 @@ def backoff_delay_s(policy: RetryPolicy, task_id: str, seq: int, attempt: int) -
 def should_retry(policy: RetryPolicy, attempt: int, error: BaseException) -> bool:
     """Whether another attempt follows attempt number ``attempt`` that raised ``error``."""
     return attempt < policy.max_attempts and is_transient(error, policy)
+
+
+# ---------------------------------------------------------------------------------------
+# Infrastructure retries: the engine's own statements, reconnects and read-backs (never a
+# tool's call, whose attempts are recorded in the log). One policy per kind of operation.
+
+
+class InfraPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How one kind of infrastructure operation is retried (:func:`retrying`).
+
+    Attributes:
+        name: The kind of operation; part of the jitter, and logged.
+        attempts_max: Attempts in all, the first included; None: bounded by ``deadline_s``
+            only (and by nothing when that is None too: reconnect loops that run until the
+            worker stops).
+        deadline_s: No attempt starts after this many seconds from the first; None: none.
+        initial_delay_s: Cap of the first backoff delay.
+        multiplier: Growth of the cap per attempt.
+        max_delay_s: Largest cap.
+        jitter: Full jitter (a deterministic fraction of the cap, see :func:`infra_jitter`)
+            so that many clients failing together do not retry in lockstep; False: the cap.
+    """
+
+    name: str
+    attempts_max: int | None = 3
+    deadline_s: float | None = None
+    initial_delay_s: float = 0.05
+    multiplier: float = 2.0
+    max_delay_s: float = 1.0
+    jitter: bool = True
+
+    def delay_s(self, attempt: int, key: str = "") -> float:
+        """Delay after attempt number ``attempt`` failed (``key`` spreads the jitter)."""
+        cap = min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (attempt - 1))
+        return cap * infra_jitter(self.name, key, attempt) if self.jitter else cap
+
+    def exhausted(self, attempt: int, elapsed_s: float) -> bool:
+        """Whether no attempt follows attempt number ``attempt`` after ``elapsed_s``."""
+        if self.attempts_max is not None and attempt >= self.attempts_max:
+            return True
+        return self.deadline_s is not None and elapsed_s >= self.deadline_s
+
+
+def infra_jitter(name: str, key: str, attempt: int) -> float:
+    """A deterministic number in [0, 1) for attempt ``attempt`` of operation ``name`` on
+    ``key``: a failing run reproduces its delays, and two keys do not retry together."""
+    digest = hashlib.sha256(f"infra\n{name}\n{key}\n{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+STATEMENT_RETRY: Final = InfraPolicy(name="statement", attempts_max=3, initial_delay_s=0.1,
+                                     max_delay_s=0.4)
+"""A statement of its own rolled back whole (deadlock, lock or statement timeout): run it
+again (store/connection.py ``Database.fetch``)."""
+GATEWAY_TRANSACTION_RETRY: Final = InfraPolicy(name="gateway_transaction", attempts_max=3,
+                                               initial_delay_s=0.1, max_delay_s=0.4)
+"""The exactly-once transaction of the gateway rolled back whole, or lost the key's race."""
+EMIT_RETRY: Final = InfraPolicy(name="emit", attempts_max=10, initial_delay_s=0.005,
+                                multiplier=1.5, max_delay_s=0.05)
+"""A database-written event (cancel, signal wake) lost its seq to the task's own append."""
+RESOLVE_RETRY: Final = InfraPolicy(name="resolve", attempts_max=None, deadline_s=30.0,
+                                   initial_delay_s=0.05, max_delay_s=1.0, jitter=False)
+"""Reading back an append whose answer was lost, until the database answers or 30 s pass
+(then :class:`~wal_engine.errors.AmbiguousCommit`)."""
+RECONNECT_RETRY: Final = InfraPolicy(name="reconnect", attempts_max=None,
+                                     initial_delay_s=0.05, max_delay_s=5.0)
+"""A dedicated session (sweep, LISTEN, lease renewals) reconnecting until its loop stops."""
+RUN_RECONNECT_RETRY: Final = InfraPolicy(name="run_reconnect", attempts_max=None,
+                                         initial_delay_s=0.05, max_delay_s=2.0, jitter=False)
+"""A task run waiting for the database while its lease can be trusted (the caller's
+``retry_if`` checks the lease, which bounds it)."""
+CLAIM_RETRY: Final = InfraPolicy(name="claim", attempts_max=3, initial_delay_s=0.05,
+                                 max_delay_s=1.0)
+"""A worker's claim or registration statement failing while the database is away: a few
+quick attempts, then the claim loop's own poll (so a draining worker is not held up)."""
+READ_RETRY: Final = InfraPolicy(name="read", attempts_max=None, initial_delay_s=0.05,
+                                max_delay_s=1.0)
+"""A read that is simply made again (``engine.wait`` polling through an outage); bounded
+by the caller's own timeout."""
+
+T = TypeVar("T")
+
+
+async def retrying(
+    policy: InfraPolicy,
+    operation: Callable[[], Awaitable[T]],
+    *,
+    retry_if: Callable[[BaseException], bool],
+    key: str = "",
+    on_retry: Callable[[BaseException, int, float], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Run ``operation`` until it returns, retrying the errors ``retry_if`` accepts.
+
+    The last error is raised unchanged when ``retry_if`` refuses it or ``policy`` is
+    exhausted (callers translate it: the retried error is theirs to name). ``on_retry``
+    hears ``(error, attempt, delay_s)`` before each sleep; ``sleep`` and ``clock`` are the
+    time sources (injected by tests).
+    """
+    started = clock()
+    attempt = 1
+    while True:
+        try:
+            return await operation()
+        except Exception as error:
+            if not retry_if(error) or policy.exhausted(attempt, clock() - started):
+                raise
+            delay = policy.delay_s(attempt, key)
+            if on_retry is not None:
+                on_retry(error, attempt, delay)
+        await sleep(delay)
+        attempt += 1

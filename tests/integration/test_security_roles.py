@@ -20,6 +20,7 @@ from wal_engine import events as ev
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import (
     ConcurrencyConflict,
+    DuplicateRow,
     IllegalTransition,
     InvalidInput,
     LeaseLost,
@@ -191,12 +192,13 @@ async def test_s3_append_rejects_stale_epoch_gap_duplicate_illegal(app_dsn: str,
                 await store.append_events("s3-task", events, **fence)
         assert await log_snapshot(database) == before
         # A raw INSERT bypassing the fence is possible (INSERT is granted) but cannot take
-        # a seq twice, and a forged row is named by verify.
-        with pytest.raises(asyncpg.UniqueViolationError):
+        # a seq twice (the store's typed DuplicateRow), and a forged row is named by verify.
+        with pytest.raises(DuplicateRow) as duplicate:
             await database.fetch(
                 "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, "
                 "prev_hash, hash) VALUES ($1, $2, 'message_appended', 1, 1, '{}', $3, $3)",
                 "s3-task", accepted.head_seq, bytes(32))
+        assert isinstance(duplicate.value.__cause__, asyncpg.UniqueViolationError)
         await database.fetch(
             "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash,"
             " hash) VALUES ($1, $2, 'message_appended', 1, $3, '{}', $4, $5)",

@@ -37,6 +37,7 @@ import orjson
 
 from wal_engine import limits
 from wal_engine.chain import VerifyReport
+from wal_engine.errors import AnchorInvalid as AnchorInvalid
 from wal_engine.errors import ConfigurationError, WalError
 from wal_engine.store import Database, Store
 
@@ -76,10 +77,6 @@ DATABASE_IDENTITY: Final = "SELECT current_database() AS name, now() AS now"
 
 
 _HEX: Final = re.compile(r"[0-9a-f]*")
-
-class AnchorInvalid(WalError):
-    """The anchor file is unreadable, of another format, or its signature does not hold."""
-
 
 class AnchoredHead(msgspec.Struct, frozen=True, array_like=True):
     """One task's head when the anchor was taken; ``hash`` is hex, empty in root mode."""

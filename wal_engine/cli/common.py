@@ -25,7 +25,6 @@ import inspect
 import os
 import sys
 import traceback
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
@@ -39,6 +38,7 @@ from wal_engine.errors import (
     ConfigurationError,
     CorruptionError,
     DatabaseUnavailable,
+    InvalidDsn,
     InvalidInput,
     SchemaMismatch,
     WalError,
@@ -46,6 +46,7 @@ from wal_engine.errors import (
 from wal_engine.observability.logs import configure_logging
 from wal_engine.security.roles import DEVELOPMENT_ENV
 from wal_engine.store.connection import DSN_ENV, TENANT_ENV, redact_dsn, resolve_tenant
+from wal_engine.store.dsn import Dsn
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine
@@ -253,11 +254,11 @@ def scrub(text: str, dsn: str | None) -> str:
         if candidate in text:
             text = text.replace(candidate, redact_dsn(candidate))
         try:
-            password = urllib.parse.urlsplit(candidate).password
-        except ValueError:
+            secrets = Dsn.parse(candidate).secrets()
+        except InvalidDsn:
             continue
-        if password:
-            text = text.replace(password, "***")
+        for secret in secrets:
+            text = text.replace(secret, "***")
     return text
 
 
@@ -322,11 +323,7 @@ async def open_engine(dsn: str | None, *, write: bool = False,
 
 def read_only_dsn(dsn: str) -> str:
     """``dsn`` with every transaction read-only (a server setting asyncpg takes from the URL)."""
-    parts = urllib.parse.urlsplit(dsn)
-    query = urllib.parse.parse_qsl(parts.query)
-    query = [(key, value) for key, value in query if key != "default_transaction_read_only"]
-    query.append(("default_transaction_read_only", "on"))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    return Dsn.parse(dsn).with_query("default_transaction_read_only", "on").render()
 
 
 # ----------------------------------------------------------------------------- agents

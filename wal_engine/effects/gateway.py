@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, Protocol, TypeVar
 
@@ -45,10 +44,16 @@ import asyncpg
 import msgspec
 
 from wal_engine import limits, payloads
-from wal_engine.errors import ConfigurationError, DatabaseUnavailable, InvalidInput, WalError
+from wal_engine.errors import ConfigurationError, DatabaseUnavailable, DuplicateRow, WaitTimedOut
+from wal_engine.errors import EffectFailed as EffectFailed
+from wal_engine.errors import GatewayStoreUnavailable as GatewayStoreUnavailable
+from wal_engine.errors import InvalidKey as InvalidKey
+from wal_engine.errors import StaleEpoch as StaleEpoch
 from wal_engine.observability import metrics
+from wal_engine.retries import GATEWAY_TRANSACTION_RETRY, retrying
 from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded, redact_text
-from wal_engine.store.connection import TRANSIENT_SQLSTATES, Database
+from wal_engine.store import sqlstate
+from wal_engine.store.connection import Database
 
 T = TypeVar("T")
 
@@ -107,45 +112,6 @@ RETURNING key
 """
 
 PING: Final = "SELECT 1"
-
-
-class StaleEpoch(WalError):
-    """A caller holding an older lease epoch than the key's holder tried to act."""
-
-    def __init__(self, key: str, epoch: int, recorded_epoch: int) -> None:
-        super().__init__(
-            f"key {key!r}: epoch {epoch} is older than recorded epoch {recorded_epoch}"
-        )
-        self.key = key
-        self.epoch = epoch
-        self.recorded_epoch = recorded_epoch
-
-
-class EffectFailed(WalError):
-    """The first execution under this key failed permanently; the failure is the answer."""
-
-    def __init__(self, key: str, error: str) -> None:
-        super().__init__(f"effect under key {key!r} failed: {error}")
-        self.key = key
-        self.error = error
-
-
-class InvalidKey(InvalidInput):
-    """An idempotency key no store accepts (empty, too long, or holding a NUL)."""
-
-    def __init__(self, key: object, reason: str) -> None:
-        shown = repr(key)
-        super().__init__(f"idempotency key {shown[:80]}: {reason}")
-        self.reason = reason
-
-
-class GatewayStoreUnavailable(WalError):
-    """The gateway store (Redis) did not answer; nothing is known to have changed."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"gateway store {where} unavailable: {reason}")
-        self.where = where
-        self.reason = reason
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -330,7 +296,7 @@ class IdempotencyGateway:
             if settled is not _pending:
                 return settled
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"key {claim.key!r} stayed claimed for {wait_max_s} s")
+                raise WaitTimedOut(f"the claim on key {claim.key!r} to settle", wait_max_s)
             await asyncio.sleep(wait_poll_s)
 
     async def _act(self, claim: Claim, effect: Callable[[], Awaitable[Any]]) -> Any:
@@ -392,24 +358,29 @@ class IdempotencyGateway:
 
         Returns the effect's result, or the stored result if the key already completed.
         """
-        for attempt in range(1, 4):
+        async def attempt() -> T | Any:
             try:
                 return await self._transaction_once(claim, effect, on_commit)
-            except asyncpg.exceptions.UniqueViolationError:
+            except DuplicateRow as error:
                 # A racer committed the key first; its stored result is the answer.
                 settled = await self._settled_in_database(claim)
-                if settled is not _pending:
-                    return settled
-            except asyncpg.PostgresError as error:
-                # Deadlock, lock or statement timeout: the transaction rolled back whole
-                # (effect included), so it may run again; never the caller's failure.
-                if error.sqlstate not in TRANSIENT_SQLSTATES:
-                    raise
-                if attempt == 3:
-                    raise DatabaseUnavailable(self._transaction_database().dsn_redacted,
-                                              f"SQLSTATE {error.sqlstate}: {error}") from error
-                await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
-        raise TimeoutError(f"key {claim.key!r} is held by another transaction")
+                if settled is _pending:
+                    raise _KeyRaced(claim.key) from error
+                return settled
+
+        try:
+            return await retrying(GATEWAY_TRANSACTION_RETRY, attempt,
+                                  retry_if=_transaction_retryable, key=claim.key)
+        except _KeyRaced as error:
+            raise WaitTimedOut(f"the transaction holding key {claim.key!r} to settle",
+                               None) from error
+        except asyncpg.PostgresError as error:
+            # Deadlock, lock or statement timeout on every attempt: the transaction rolled
+            # back whole (effect included), never the caller's failure.
+            if not sqlstate.is_transient(error):
+                raise
+            raise DatabaseUnavailable(self._transaction_database().dsn_redacted,
+                                      f"SQLSTATE {error.sqlstate}: {error}") from error
 
     async def _transaction_once(
         self,
@@ -419,24 +390,36 @@ class IdempotencyGateway:
     ) -> T | Any:
         check_key(claim.key)
         database = self._transaction_database()
-        async with database.pool.acquire() as connection, connection.transaction():
-            existing = await connection.fetchrow(READ_KEY, claim.key)
-            if existing is not None and existing["epoch"] > claim.epoch:
-                raise StaleEpoch(claim.key, claim.epoch, int(existing["epoch"]))
-            if existing is not None and existing["state"] == "completed":
-                metrics.effect_deduplicated()
-                return payloads.decode_payload(existing["result"])
-            await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,
-                                     claim.owner, claim.epoch)
-            result = redact_bounded(self.redactor, await effect(connection),
-                                    limits.payload_bytes_ceiling)
-            await connection.execute(
-                COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed",
-                payloads.encode_payload(result), None,
-            )
-            if on_commit is not None:
-                await on_commit(connection, result)
-            return result
+        acquired = in_effect = False
+        try:
+            async with database.pool.acquire() as connection, connection.transaction():
+                acquired = True
+                existing = await connection.fetchrow(READ_KEY, claim.key)
+                if existing is not None and existing["epoch"] > claim.epoch:
+                    raise StaleEpoch(claim.key, claim.epoch, int(existing["epoch"]))
+                if existing is not None and existing["state"] == "completed":
+                    metrics.effect_deduplicated()
+                    return payloads.decode_payload(existing["result"])
+                await connection.execute(INSERT_TRANSACTION_KEY, claim.key, claim.task_id,
+                                         claim.owner, claim.epoch)
+                in_effect = True
+                value = await effect(connection)
+                in_effect = False
+                result = redact_bounded(self.redactor, value, limits.payload_bytes_ceiling)
+                await connection.execute(
+                    COMPLETE_KEY, claim.key, claim.owner, claim.epoch, "completed",
+                    payloads.encode_payload(result), None,
+                )
+                if on_commit is not None:
+                    await on_commit(connection, result)
+                return result
+        except Exception as error:
+            if in_effect:
+                raise  # The effect's own error (rolled back): the caller's to classify.
+            translated = database.translate(error, claim.task_id, sent=acquired)
+            if translated is error:
+                raise
+            raise translated from error
 
     async def _settled_in_database(self, claim: Claim) -> Any:
         """Like :meth:`_settled`, on ``wal_idempotency`` whatever the gateway's store is."""
@@ -444,6 +427,14 @@ class IdempotencyGateway:
             return await self._settled(claim)
         gateway = IdempotencyGateway(self._transaction_database(), redactor=self.redactor)
         return await gateway._settled(claim)
+
+
+class _KeyRaced(Exception):
+    """Internal: a racing transaction committed the key but its answer is not readable yet."""
+
+
+def _transaction_retryable(error: BaseException) -> bool:
+    return isinstance(error, _KeyRaced) or sqlstate.is_transient(error)
 
 
 class _Pending:

@@ -25,9 +25,9 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from wal_engine.errors import WalError
+from wal_engine.errors import HttpToolError as HttpToolError
+from wal_engine.errors import HttpToolRetry as HttpToolRetry
 from wal_engine.gateway.keys import HEADER, format_key
-from wal_engine.retries import TransientError
 from wal_engine.runtime.context import current_call
 
 KEYED_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -35,21 +35,6 @@ timeout_s_default: Final = 30.0
 RETRYABLE_STATUSES: Final = frozenset({429, 503})
 """Answers that say the request was not acted on, so a retry under the same key is safe
 and useful. A 409 from the gateway (the first attempt still in flight) is one too."""
-
-
-class HttpToolError(WalError):
-    """The API answered with an error status a retry will not change."""
-
-    def __init__(self, method: str, url: str, status: int, body: str) -> None:
-        super().__init__(f"{method} {url} answered {status}: {body[:200]}")
-        self.method = method
-        self.url = url
-        self.status = status
-        self.body = body
-
-
-class HttpToolRetry(TransientError):
-    """The API answered that it did not act (409 in flight, 429, 503): retry the call."""
 
 
 class IdempotencyKeyTransport(httpx.AsyncBaseTransport):

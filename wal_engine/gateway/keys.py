@@ -13,20 +13,12 @@ import hashlib
 import re
 from typing import Final
 
-from wal_engine.errors import InvalidInput
+from wal_engine.errors import MalformedKey as MalformedKey
 
 HEADER: Final = "idempotency-key"
 _QUOTED: Final = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\[\\"])*)"')
 _BARE: Final = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]+")
 _ESCAPE: Final = re.compile(r"\\([\\\"])")
-
-
-class MalformedKey(InvalidInput):
-    """An ``Idempotency-Key`` header that is not one key of an acceptable size."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"Idempotency-Key {reason}")
-        self.reason = reason
 
 
 def parse_key(values: list[str], chars_max: int) -> str | None:

@@ -28,7 +28,10 @@ from replay.state import AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
 from wal_engine.effects.gateway import Claim
+from wal_engine.errors import CallTimedOut as CallTimedOut
 from wal_engine.errors import InvalidInput, WalError
+from wal_engine.errors import SignalTimeout as SignalTimeout
+from wal_engine.errors import ToolError as ToolError
 from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
 from wal_engine.runtime.run import INTERNAL_PREFIX, Suspended
@@ -45,34 +48,6 @@ _current_call: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
 _lease_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
     "wal_engine_lease_check", default=None
 )
-
-
-class CallTimedOut(TimeoutError):
-    """An attempt ran past its ``timeout_s``. For a sync function its thread cannot be
-    stopped and may still act: :meth:`still_running` says whether it does."""
-
-    def __init__(self, timeout_s: float, thread: concurrent.futures.Future[Any] | None) -> None:
-        super().__init__(f"the call did not return within {timeout_s} s")
-        self.timeout_s = timeout_s
-        self.thread = thread
-
-    def still_running(self) -> bool:
-        """Whether the timed-out call's thread is still running it."""
-        return self.thread is not None and not self.thread.done()
-
-
-class ToolError(WalError):
-    """A tool or LLM call failed for good (its attempts are in the log)."""
-
-    def __init__(self, call_id: str, error_type: str, error: str) -> None:
-        super().__init__(f"call {call_id} failed: {error_type}: {error}")
-        self.call_id = call_id
-        self.error_type = error_type
-        self.error = error
-
-
-class SignalTimeout(WalError):
-    """No signal arrived before the wait's timeout."""
 
 
 class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -32,7 +32,9 @@ from typing import Any, Final
 
 import orjson
 
-from wal_engine.errors import ConfigurationError, WalError
+from wal_engine.errors import ConfigurationError
+from wal_engine.errors import EnvelopeInvalid as EnvelopeInvalid
+from wal_engine.errors import KeyShredded as KeyShredded
 from wal_engine.payloads import encode_payload
 
 SEALED_KEY: Final = "$sealed"
@@ -41,19 +43,6 @@ kek_bytes_min: Final = 32
 
 KeyProvider = Callable[[str, int], bytes | None]
 """``(tenant, key_version) -> key`` or None when that key was deleted (shredded)."""
-
-
-class KeyShredded(WalError):
-    """The tenant key an envelope was sealed with is gone: its content is unrecoverable."""
-
-    def __init__(self, tenant: str, key_version: int) -> None:
-        super().__init__(f"the key of tenant {tenant!r} (version {key_version}) was deleted")
-        self.tenant = tenant
-        self.key_version = key_version
-
-
-class EnvelopeInvalid(WalError):
-    """Not a sealed envelope, or one whose ciphertext does not authenticate."""
 
 
 def is_sealed(value: Any) -> bool:

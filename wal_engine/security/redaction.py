@@ -49,7 +49,8 @@ except ImportError:  # pragma: no cover - the character gates below are the fall
 import msgspec
 
 from wal_engine import events as ev
-from wal_engine.errors import PayloadTooLarge, WalError
+from wal_engine.errors import PayloadTooLarge
+from wal_engine.errors import SecretUnavailable as SecretUnavailable
 from wal_engine.security.encryption import ENVELOPE_VERSION, SEALED_KEY
 from wal_engine.security.secret_formats import DEFAULT_PATTERNS, CredentialPattern
 from wal_engine.security.secret_keys import SECRET_KEY_NAMES as SECRET_KEY_NAMES
@@ -536,15 +537,6 @@ def redact_event(event: ev.Event, redactor: Redactor, *,
 
 
 # ------------------------------------------------------------------------------- references
-
-
-class SecretUnavailable(WalError):
-    """A secret reference could not be resolved (no resolver, or the resolver failed)."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"secret {name!r} is unavailable: {reason}")
-        self.name = name
-        self.reason = reason
 
 
 def environment_secrets(prefix: str = "") -> SecretResolver:

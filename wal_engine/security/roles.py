@@ -32,13 +32,13 @@ import msgspec
 import structlog
 
 from wal_engine import limits
-from wal_engine.errors import ConfigurationError
+from wal_engine.errors import DEVELOPMENT_ENV as DEVELOPMENT_ENV
+from wal_engine.errors import InsecureSetup as InsecureSetup
 
 log = structlog.get_logger(__name__)
 
 OWNER_ROLE: Final = "engine_owner"
 APP_ROLE: Final = "engine_app"
-DEVELOPMENT_ENV: Final = "WAL_ENGINE_DEVELOPMENT"
 EMBEDDED_SETTINGS_FILE: Final = "wal-engine.conf"
 """The settings file the embedded server writes (``wal_engine.embedded``)."""
 
@@ -106,21 +106,6 @@ EMBEDDED_SERVER: Final = """
 SELECT coalesce(sourcefile LIKE '%/' || $1, false) AS embedded
   FROM pg_settings WHERE name = 'port'
 """
-
-
-class InsecureSetup(ConfigurationError):
-    """The runtime's role could rewrite the log; it refuses to start (RELIABILITY.md S9)."""
-
-    def __init__(self, role: str, problems: list[str]) -> None:
-        super().__init__(
-            f"refusing to run as role {role!r}: {'; '.join(problems)}. Connect as the "
-            f"application role that `wal-engine setup --dsn ADMIN_DSN` makes (or "
-            f"wal_engine.security.roles.apply_security; see docs/security.md), or, for a "
-            f"development setup, pass --development on the command line (development=True "
-            f"to connect()) or set {DEVELOPMENT_ENV}=1"
-        )
-        self.role = role
-        self.problems = problems
 
 
 TIMEOUT_SETTINGS: Final = ("statement_timeout", "idle_in_transaction_session_timeout")

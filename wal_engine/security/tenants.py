@@ -35,6 +35,8 @@ import msgspec
 
 from wal_engine import limits
 from wal_engine.errors import ConfigurationError, InvalidInput
+from wal_engine.errors import TenantExists as TenantExists
+from wal_engine.errors import UnknownTenant as UnknownTenant
 from wal_engine.ids import validate_tenant
 from wal_engine.security.roles import APP_ROLE, dsn_for_role
 
@@ -122,25 +124,6 @@ SELECT m.role_name, m.tenant, m.enabled, m.created_at, m.rotated_at,
  ORDER BY m.tenant
  LIMIT {tenants_listed_max}
 """
-
-
-class TenantExists(InvalidInput):
-    """The tenant already has a role (rotate its password instead)."""
-
-    def __init__(self, tenant: str, role: str) -> None:
-        super().__init__(f"tenant {tenant!r} already has role {role!r}; "
-                         "use `wal-engine tenant rotate` for a new password")
-        self.tenant = tenant
-        self.role = role
-
-
-class UnknownTenant(InvalidInput):
-    """No role is provisioned for the tenant in this database."""
-
-    def __init__(self, tenant: str) -> None:
-        super().__init__(f"tenant {tenant!r} has no role in this database "
-                         "(`wal-engine tenant create`)")
-        self.tenant = tenant
 
 
 class TenantRole(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hashlib
 import os
-import random
-import urllib.parse
+from collections.abc import AsyncIterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -16,16 +15,24 @@ import structlog
 
 from wal_engine import limits
 from wal_engine.errors import (
+    AmbiguousCommit,
     ConfigurationError,
+    ConnectionLost,
     CorruptionError,
     DatabaseUnavailable,
+    InvalidDsn,
     SchemaMismatch,
     TaskQuotaExceeded,
     TenantRoleRefused,
+    WalError,
 )
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
+from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
+from wal_engine.store.dsn import Dsn
+from wal_engine.store.dsn import redact_dsn as redact_dsn
+from wal_engine.store.dsn import with_database as with_database
 
 log = structlog.get_logger(__name__)
 
@@ -41,48 +48,28 @@ TASKS_MAX_SETTING: Final = "wal.tasks_max"
 EMBEDDED_DATABASE: Final = "wal_engine"
 
 CONNECTION_ERRORS: Final = (
+    ConnectionLost,
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.ConnectionFailureError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.InterfaceError,
-    # Raised on a pooled session the server terminated while asyncpg still thought a
-    # statement was in progress ("cannot switch to state ...; another operation is in
-    # progress", seen under pg_terminate_backend): the session is broken like the others.
-    asyncpg.exceptions.InternalClientError,
-    ConnectionError,
-    OSError,
-    TimeoutError,
+    *sqlstate.CLIENT_DISCONNECTS,
 )
-"""Errors after which the outcome of a statement in flight is unknown."""
+"""Errors after which the outcome of a statement in flight is unknown: what
+:class:`Database` raises for them (:class:`ConnectionLost`), and the raw driver errors of
+code that holds a connection of its own."""
 
-TRANSIENT_SQLSTATES: Final = frozenset({
-    "57014",  # query_canceled: statement_timeout
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available: lock_timeout
-    "53000", "53100", "53200", "53300",  # insufficient resources: disk, memory, connections
-})
-"""Errors after which the statement was rolled back whole (nothing of it committed): a
-statement of its own may run again; after the last attempt (or inside a caller's
-transaction) it surfaces as :class:`DatabaseUnavailable`, which a task run treats as an
-interruption, never as the agent's failure (RELIABILITY.md D5, D6, D8)."""
+TRANSIENT_SQLSTATES: Final = sqlstate.TRANSIENT_SQLSTATES
 
-statement_attempts_max: Final = 3
-statement_retry_delay_s: Final = 0.05
+UNAVAILABLE_ERRORS: Final = (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit)
+"""Everything that says "the database is away" to a caller of the store: waited out,
+never the agent's or the caller's failure."""
 
 
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its password, safe to print."""
-    try:
-        parts = urllib.parse.urlsplit(dsn)
-    except ValueError:
-        return "<unparseable dsn>"
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database is away (``retry_if`` of the retry helper)."""
+    return isinstance(error, UNAVAILABLE_ERRORS)
 
 
 async def resolve_dsn(dsn: str | None = None) -> str:
@@ -135,17 +122,9 @@ def dsn_requests_read_only(dsn: str) -> bool:
     """Whether the DSN asks for read-only transactions (``default_transaction_read_only=on``
     in its query, as ``wal-engine replay`` does): the engine then keeps them read-only."""
     try:
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query)
-    except ValueError:
+        return Dsn.parse(dsn).query_flag("default_transaction_read_only")
+    except InvalidDsn:
         return False
-    values = query.get("default_transaction_read_only", [])
-    return bool(values) and values[-1].strip().lower() in ("on", "true", "yes", "1")
-
-
-def with_database(dsn: str, database: str) -> str:
-    """The same server DSN pointing at another database."""
-    parts = urllib.parse.urlsplit(dsn)
-    return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
 
 
 async def ensure_database(server_dsn: str, database: str) -> None:
@@ -165,18 +144,39 @@ async def ensure_database(server_dsn: str, database: str) -> None:
         await connection.close()
 
 
-async def _connect_once(dsn: str, settings: dict[str, str] | None = None) -> asyncpg.Connection:
+async def connect_once(dsn: str, settings: Mapping[str, str] | None = None
+                       ) -> asyncpg.Connection:
+    """One connection outside any pool (a dedicated session: sweep, LISTEN, renewals);
+    every failure to open it is :class:`DatabaseUnavailable`."""
     try:
         return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
-                                     server_settings=settings)
-    except (*CONNECTION_ERRORS, asyncpg.exceptions.InvalidCatalogNameError) as error:
-        raise DatabaseUnavailable(redact_dsn(dsn), str(error) or type(error).__name__) from error
-    except asyncpg.exceptions.InvalidAuthorizationSpecificationError as error:
-        raise DatabaseUnavailable(redact_dsn(dsn), str(error)) from error
-    except ValueError as error:
+                                     server_settings=None if settings is None else dict(settings))
+    except Exception as error:
+        raise connect_failure(dsn, error) from error
+
+
+_connect_once = connect_once  # The name the CLI modules import.
+
+
+def connect_failure(dsn: str, error: BaseException) -> WalError | BaseException:
+    """The typed error for a connection that could not be opened (nothing was sent), or
+    ``error`` itself when it is no connection failure (a programming error)."""
+    if isinstance(error, WalError):
+        return error
+    if isinstance(error, asyncpg.exceptions.InvalidCatalogNameError
+                  | asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+        return DatabaseUnavailable(redact_dsn(dsn), str(error) or type(error).__name__)
+    if isinstance(error, ValueError) and not isinstance(error, asyncpg.InterfaceError):
         # urllib's, from inside asyncpg's DSN parser ("Invalid IPv6 URL", a port that is
         # not a number): the same answer as the DSNs asyncpg itself calls invalid.
-        raise DatabaseUnavailable(redact_dsn(dsn), f"invalid DSN: {error}") from error
+        return DatabaseUnavailable(redact_dsn(dsn), f"invalid DSN: {error}")
+    translated = sqlstate.translate_failure(error, redact_dsn(dsn), sent=False)
+    if translated is None:
+        return error
+    if isinstance(translated, DatabaseUnavailable):
+        # A connection of its own that could not be opened: the answer it always had.
+        return DatabaseUnavailable(translated.dsn_redacted, translated.reason)
+    return translated
 
 
 def schema_sql() -> str:
@@ -332,8 +332,8 @@ class Database:
                                                  tasks_max=tasks_max, required=required),
                 reset=_release_connection,
             )
-        except CONNECTION_ERRORS as error:
-            raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
+        except Exception as error:
+            raise connect_failure(resolved, error) from error
         assert pool is not None
         return cls(pool, resolved, tenant=chosen, tasks_max=tasks_max, required=required)
 
@@ -350,45 +350,93 @@ class Database:
         commit after the pooled connection broke); ``connection`` runs it on the caller's
         connection, inside the caller's transaction.
         """
-        for attempt in range(1, statement_attempts_max + 1):
-            try:
-                if connection is not None:
-                    return list(await connection.fetch(query, *args))
-                if fresh:
-                    own = await _connect_once(self.dsn,
-                                              self.session_settings("wal-engine:resolve"))
-                    try:
-                        return list(await own.fetch(query, *args))
-                    finally:
-                        await own.close()
-                async with self.pool.acquire() as pooled:
-                    return list(await pooled.fetch(query, *args))
-            except OverflowError as error:
-                # A stored value this client cannot represent (a timestamp in the year
-                # 20000, -infinity) planted outside the engine: a typed error, not a crash
-                # of the reader (RELIABILITY.md B8).
-                raise CorruptionError(f"a stored value is out of range: {error}") from error
-            except asyncpg.PostgresError as error:
-                if error.sqlstate not in TRANSIENT_SQLSTATES:
-                    translated = sqlstate.translate(error, task_id)
-                    if translated is None:
-                        raise
-                    if isinstance(translated, TaskQuotaExceeded):
-                        translated = TaskQuotaExceeded(self.tenant, translated.tasks_max)
-                    raise translated from error
+        attempts = 1
+
+        def count(error: BaseException, attempt: int, delay_s: float) -> None:
+            nonlocal attempts
+            attempts = attempt + 1
+            log.info("statement_retried", sqlstate=getattr(error, "sqlstate", None),
+                     attempt=attempt, delay_s=round(delay_s, 3))
+
+        try:
+            return await retrying(
+                STATEMENT_RETRY,
+                lambda: self._fetch_once(query, args, task_id, fresh, connection),
                 # Rolled back whole: outside a caller's transaction it may simply run again.
-                if connection is not None or attempt == statement_attempts_max:
-                    raise DatabaseUnavailable(
-                        self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempt}): "
-                                           f"{error}") from error
-                log.info("statement_retried", sqlstate=error.sqlstate, attempt=attempt)
-                await asyncio.sleep(random.uniform(0, statement_retry_delay_s * 2**attempt))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                retry_if=sqlstate.is_transient if connection is None else _never,
+                key=task_id or "", on_retry=count)
+        except asyncpg.PostgresError as error:
+            if not sqlstate.is_transient(error):
+                raise  # No engine error: the caller's (an unknown SQLSTATE).
+            raise DatabaseUnavailable(
+                self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempts}): "
+                                   f"{error}") from error
+
+    async def _fetch_once(self, query: str, args: tuple[Any, ...], task_id: str | None,
+                          fresh: bool, connection: asyncpg.Connection | None) -> list[Any]:
+        sent = connection is not None
+        try:
+            if connection is not None:
+                return list(await connection.fetch(query, *args))
+            if fresh:
+                own = await _connect_once(self.dsn, self.session_settings("wal-engine:resolve"))
+                try:
+                    sent = True
+                    return list(await own.fetch(query, *args))
+                finally:
+                    await own.close()
+            async with self.pool.acquire() as pooled:
+                sent = True
+                return list(await pooled.fetch(query, *args))
+        except Exception as error:
+            translated = self.translate(error, task_id, sent=sent)
+            if translated is error:
+                raise
+            raise translated from error
+
+    def translate(self, error: Exception, task_id: str | None = None, *,
+                  sent: bool = True) -> Exception:
+        """The typed error for a driver error raised by a statement of this database (the
+        one place, through :func:`wal_engine.store.sqlstate.translate_failure`), else
+        ``error`` itself (a transient SQLSTATE, an unknown one, no driver's error). A
+        disconnect is :class:`ConnectionLost`, whose ``sent`` says whether a statement may
+        be in flight."""
+        if isinstance(error, OverflowError):
+            # A stored value this client cannot represent (a timestamp in the year 20000,
+            # -infinity) planted outside the engine: a typed error, not a crash of the
+            # reader (RELIABILITY.md B8).
+            return CorruptionError(f"a stored value is out of range: {error}")
+        translated = sqlstate.translate_failure(error, self.dsn_redacted, task_id=task_id,
+                                                sent=sent)
+        if translated is None:
+            return error
+        if isinstance(translated, TaskQuotaExceeded):
+            return TaskQuotaExceeded(self.tenant, translated.tasks_max)
+        return translated
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, task_id: str | None = None) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection whose driver errors (in the block too) come back typed, as
+        from :meth:`fetch`: use it instead of ``pool.acquire()``."""
+        sent = False
+        try:
+            async with self.pool.acquire() as connection:
+                sent = True
+                yield connection
+        except Exception as error:
+            translated = self.translate(error, task_id, sent=sent)
+            if translated is error:
+                raise
+            raise translated from error
 
     async def fetchrow(self, query: str, *args: Any, task_id: str | None = None) -> Any:
         """Like :meth:`fetch` for at most one row."""
         rows = await self.fetch(query, *args, task_id=task_id)
         return rows[0] if rows else None
+
+
+def _never(_error: BaseException) -> bool:
+    return False
 
 
 async def _tenant_of_role(connection: asyncpg.Connection, report: RoleReport,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
@@ -20,6 +19,7 @@ from wal_engine.errors import (
     AmbiguousCommit,
     ConcurrencyConflict,
     DatabaseUnavailable,
+    DuplicateRow,
     IllegalTransition,
     InvalidInput,
     LeaseLost,
@@ -29,6 +29,7 @@ from wal_engine.errors import (
 )
 from wal_engine.ids import validate_task_id
 from wal_engine.observability import metrics
+from wal_engine.retries import RESOLVE_RETRY, retrying
 from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded
 from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
@@ -41,7 +42,12 @@ log = structlog.get_logger(__name__)
 seq_max: Final = 2**63 - 1
 """The largest seq PostgreSQL's bigint holds."""
 
-ambiguous_resolve_s: Final = 30.0
+ambiguous_resolve_s: Final = RESOLVE_RETRY.deadline_s
+"""How long an append whose answer was lost is read back before it is AmbiguousCommit."""
+
+def _unavailable(error: BaseException) -> bool:
+    return isinstance(error, DatabaseUnavailable)
+
 
 TERMINAL_EVENT_TYPES: Final = frozenset({"task_completed", "task_failed", "task_cancelled"})
 """How long an append whose commit outcome is unknown may take to be resolved."""
@@ -286,7 +292,7 @@ class Store:
             rows = await self.database.fetch(statement, *args, task_id=task_id, connection=via)
         except CONNECTION_ERRORS as error:
             rows = await self._resolve_ambiguous(task_id, expected_seq, hashes, error)
-        except asyncpg.UniqueViolationError:
+        except DuplicateRow:
             rows = []  # Another writer took the seq first: classified below.
         if len(rows) != len(events):
             metrics.append_observed("single", started, 0)
@@ -318,7 +324,7 @@ class Store:
         try:
             rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches),
                                              connection=via)
-        except asyncpg.UniqueViolationError:
+        except DuplicateRow:
             # A racing writer took a seq of one of the tasks: the shared statement is void;
             # append task by task so that only that task is refused.
             return await self._append_each(appends, batches)
@@ -409,20 +415,15 @@ class Store:
         log.warning("append_outcome_unknown", task_id=task_id, seq=expected_seq + 1,
                     error=type(error).__name__)
         last_seq = expected_seq + len(hashes)
-        deadline = asyncio.get_running_loop().time() + ambiguous_resolve_s
-        delay_s = 0.05
-        while True:
-            try:
-                rows = await self.database.fetch(
+        try:
+            rows = await retrying(
+                RESOLVE_RETRY,
+                lambda: self.database.fetch(
                     queries.READ_EVENT_HASHES, task_id, expected_seq + 1, last_seq,
-                    len(hashes), task_id=task_id, fresh=True,
-                )
-                break
-            except (*CONNECTION_ERRORS, DatabaseUnavailable):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise AmbiguousCommit(task_id, expected_seq + 1) from error
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
+                    len(hashes), task_id=task_id, fresh=True),
+                retry_if=_unavailable, key=task_id)
+        except DatabaseUnavailable:
+            raise AmbiguousCommit(task_id, expected_seq + 1) from error
         stored = {row["seq"]: row["hash"] for row in rows}
         if all(stored.get(expected_seq + i + 1) == h for i, h in enumerate(hashes)):
             log.info("append_outcome_resolved", task_id=task_id, committed=True)

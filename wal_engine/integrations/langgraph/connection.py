@@ -14,9 +14,8 @@ from typing import Final
 import asyncpg
 
 from wal_engine import limits
-from wal_engine.errors import DatabaseUnavailable
 from wal_engine.store import Database
-from wal_engine.store.connection import CONNECTION_ERRORS, redact_dsn, session_settings
+from wal_engine.store.connection import connect_failure, session_settings
 
 pool_size_max: Final = 10
 """Connections of the saver's pool (LangGraph writes one thread's steps one at a time)."""
@@ -49,7 +48,7 @@ async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max
             server_settings=session_settings(tenant, "wal-engine:langgraph"),
             reset=_keep_session,
         )
-    except CONNECTION_ERRORS as error:
-        raise DatabaseUnavailable(redact_dsn(resolved), str(error)) from error
+    except Exception as error:
+        raise connect_failure(resolved, error) from error
     assert pool is not None
     return Database(pool, resolved, tenant=tenant)

@@ -125,7 +125,7 @@ class Retention:
         """
         task_id = thread_task_id(thread_id)
         read = 0
-        async with self.database.pool.acquire() as connection:
+        async with self.database.acquire() as connection:
             async with connection.transaction():
                 if await connection.fetchrow(queries.LOCK_TASK, task_id) is None:
                     return 0

@@ -160,7 +160,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
 
     async def setup(self) -> None:
         """Create the saver's index tables if missing (idempotent, safe to run concurrently)."""
-        async with self.database.pool.acquire() as connection:
+        async with self.database.acquire() as connection:
             async with connection.transaction():
                 await connection.execute(queries.SETUP_LOCK)
                 await connection.execute(queries.SETUP)

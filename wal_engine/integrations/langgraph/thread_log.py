@@ -152,7 +152,7 @@ class ThreadLog:
                 if head is None:
                     head = await self._take_locked(task_id, thread_id)
                 try:
-                    async with self.database.pool.acquire() as connection:
+                    async with self.database.acquire() as connection:
                         seq = await _append(connection, task_id, head, event, index,
                                             self.store.payload_bytes_max)
                 except CONNECTION_ERRORS:
@@ -175,7 +175,7 @@ class ThreadLog:
             for _ in range(takeovers_max):
                 head = self.heads.get(task_id) or await self._take_locked(task_id, thread_id)
                 held: Head | None = None
-                async with self.database.pool.acquire() as connection:
+                async with self.database.acquire() as connection:
                     async with connection.transaction():
                         row = await _fetchrow(connection, queries.LOCK_TASK_FENCED, task_id,
                                               task_id, head.epoch)
@@ -231,7 +231,7 @@ class ThreadLog:
 
     async def _claim(self, task_id: str, thread_id: str) -> Head:
         """One transaction: lock the row, orphan a previous holder, claim, map the thread."""
-        async with self.database.pool.acquire() as connection:
+        async with self.database.acquire() as connection:
             async with connection.transaction():
                 row = await _fetchrow(connection, queries.LOCK_TASK, task_id, task_id)
                 if row is None:
