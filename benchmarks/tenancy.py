@@ -31,10 +31,10 @@ import asyncpg
 
 from benchmarks import append, harness
 from wal_engine import events as vocabulary
-from wal_engine.security.roles import apply_security
 from wal_engine.security.tenants import TenantExists, create_tenant, rotate_tenant
 from wal_engine.store import Database, PendingAppend, Store
 from wal_engine.store.connection import DSN_ENV, ensure_database, resolve_dsn, with_database
+from wal_engine.store.setup import apply_security
 
 NAME: Final = "tenancy"
 SETTING_DATABASE: Final = "wal_bench_tenancy_setting"

@@ -472,7 +472,7 @@ class InsecureSetup(ConfigurationError):
         super().__init__(
             f"refusing to run as role {role!r}: {'; '.join(problems)}. Connect as the "
             f"application role that `wal-engine setup --dsn ADMIN_DSN` makes (or "
-            f"wal_engine.security.roles.apply_security; see docs/security.md), or, for a "
+            f"wal_engine.store.setup.apply_security; see docs/security.md), or, for a "
             f"development setup, pass --development on the command line (development=True "
             f"to connect()) or set {DEVELOPMENT_ENV}=1"
         )

@@ -1,7 +1,7 @@
 """Agents for the gateway fault tests: HTTP tools sent through ``wal-engine gateway``.
 
 ``http_charges`` posts ``charges`` times to ``input["url"]`` with
-:func:`wal_engine.effects.http.http_tool`,
+:func:`wal_engine.gateway.client.http_tool`,
 so each call carries its idempotency key as the ``Idempotency-Key`` header; the upstream
 behind the gateway counts mutations per key. ``redis_effects`` acts through
 :class:`~wal_engine.effects.gateway.IdempotencyGateway` on a Redis store (``input["redis"]``) and
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from wal_engine.effects.gateway import IdempotencyGateway
-from wal_engine.effects.http import http_tool
 from wal_engine.effects.redis_store import RedisGatewayStore
 from wal_engine.engine import Engine
+from wal_engine.gateway.client import http_tool
 from wal_engine.runtime.context import AgentContext, current_call
 
 ACTS_TABLE: Final = """

@@ -11,8 +11,9 @@ from typing import Any, Final
 
 import asyncpg
 
-from wal_engine.security.roles import APP_ROLE, apply_security, dsn_for_role
+from wal_engine.security.roles import APP_ROLE, dsn_for_role
 from wal_engine.security.tenants import TenantCredentials, create_tenant
+from wal_engine.store.setup import apply_security
 
 STRAY_SUFFIX: Final = "_stray"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.gateway_support import Upstream
-from wal_engine.effects.http import HttpToolError, HttpToolRetry, http_tool, idempotent_client
 from wal_engine.engine import Engine
+from wal_engine.gateway.client import HttpToolError, HttpToolRetry, http_tool, idempotent_client
 from wal_engine.retries import RetryPolicy
 from wal_engine.runtime.context import AgentContext
 from wal_engine.state_machine import Status

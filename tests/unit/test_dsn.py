@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wal_engine.dsn import Dsn, redact_dsn, with_database
 from wal_engine.errors import ConfigurationError, InvalidDsn
 from wal_engine.store.connection import dsn_requests_read_only
-from wal_engine.store.dsn import Dsn, redact_dsn, with_database
 
 SECRET = "s3cr3t-Zq"
 

@@ -15,7 +15,7 @@ OLD_HOMES = {
     "wal_engine.retries": ["TransientError", "PermanentError", "DidNotAct", "LeaseExpired"],
     "wal_engine.effects.gateway": ["StaleEpoch", "EffectFailed", "InvalidKey",
                                    "GatewayStoreUnavailable"],
-    "wal_engine.effects.http": ["HttpToolError", "HttpToolRetry"],
+    "wal_engine.gateway.client": ["HttpToolError", "HttpToolRetry"],
     "wal_engine.security.encryption": ["KeyShredded", "EnvelopeInvalid"],
     "wal_engine.security.roles": ["InsecureSetup"],
     "wal_engine.security.redaction": ["SecretUnavailable"],

@@ -34,6 +34,7 @@ import click
 import orjson
 from rich.console import Console
 
+from wal_engine.dsn import Dsn
 from wal_engine.errors import (
     ConfigurationError,
     CorruptionError,
@@ -46,7 +47,6 @@ from wal_engine.errors import (
 from wal_engine.observability.logs import configure_logging
 from wal_engine.security.roles import DEVELOPMENT_ENV
 from wal_engine.store.connection import DSN_ENV, TENANT_ENV, redact_dsn, resolve_tenant
-from wal_engine.store.dsn import Dsn
 
 if TYPE_CHECKING:
     from wal_engine.engine import Engine

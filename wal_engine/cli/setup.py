@@ -2,7 +2,7 @@
 says when they are missing.
 
 ``setup --dsn ADMIN_DSN`` connects as a superuser, applies the schema and ``security.sql``
-(:func:`wal_engine.security.roles.apply_security`: an owner role and an application group that
+(:func:`wal_engine.store.setup.apply_security`: an owner role and an application group that
 cannot log in, the group only able to append), then creates the tenant's login role in
 that group (:func:`wal_engine.security.tenants.create_tenant`, the role ``wal-engine tenant create``
 makes) with a given or generated password, and prints the DSN the application should use.
@@ -25,7 +25,8 @@ from wal_engine.cli.common import (
     json_option,
     run,
 )
-from wal_engine.security.roles import APP_ROLE, DEVELOPMENT_ENV, OWNER_ROLE, apply_security
+from wal_engine.security.roles import APP_ROLE, DEVELOPMENT_ENV, OWNER_ROLE
+from wal_engine.store.setup import apply_security
 
 APP_PASSWORD_ENV: Final = "WAL_ENGINE_APP_PASSWORD"
 role_name_max_chars: Final = 63

@@ -80,7 +80,7 @@ def create(name: str, dsn: str | None, password_stdin: bool, role: str | None,
     password = _read_password(password_stdin)
 
     async def _create() -> TenantCredentials:
-        from wal_engine.security.roles import apply_security
+        from wal_engine.store.setup import apply_security
 
         async with _admin(dsn) as (connection, resolved):
             await apply_security(connection, migrate=True)

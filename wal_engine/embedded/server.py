@@ -8,13 +8,13 @@ import fcntl
 import os
 import shutil
 import time
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
 import structlog
 
+from wal_engine.dsn import Dsn
 from wal_engine.embedded.account import (
     _Account,
     _give_to,
@@ -431,8 +431,8 @@ class EmbeddedPostgres:
     # Helpers -----------------------------------------------------------------------------
 
     def _dsn_for(self, port: int, database: str) -> str:
-        name = urllib.parse.quote(database, safe="")
-        return f"postgresql://{superuser_name}@{listen_host}:{port}/{name}"
+        return Dsn(hosts=(listen_host,), ports=(port,), user=superuser_name,
+                   database=database).render()
 
     def _log_tail(self) -> str:
         try:

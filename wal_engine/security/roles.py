@@ -1,12 +1,12 @@
-"""Least privilege: applying ``security.sql``, and the runtime's start-up self-test.
+"""Least privilege: the roles of ``security.sql``, and the runtime's start-up self-test.
 
 ``security.sql`` (next to ``schema.sql``) creates an owner role (NOLOGIN, owns the schema
 and every engine object) and an application role, a NOLOGIN group holding the runtime's
 privileges (SELECT and INSERT on the log, head and lease changes through SECURITY DEFINER
 functions and column-limited UPDATEs); each tenant logs in as a member of its own
 (:mod:`wal_engine.security.tenants`). See its header and ``docs/security.md``.
-:func:`apply_security`
-applies it, as a superuser, after the schema.
+:func:`wal_engine.store.setup.apply_security` applies it, as a superuser, after the schema
+(the store applies SQL; this module names the roles and checks them, below the store).
 
 At start-up, :meth:`wal_engine.store.Database.open` runs :func:`check_runtime_role`: the
 engine refuses to run as a superuser, as a role with BYPASSRLS, as a role that owns (or
@@ -22,9 +22,6 @@ setting the engine depends on. Development setups (the embedded server,
 from __future__ import annotations
 
 import os
-import urllib.parse
-from importlib import resources
-from pathlib import Path
 from typing import Final
 
 import asyncpg
@@ -32,6 +29,7 @@ import msgspec
 import structlog
 
 from wal_engine import limits
+from wal_engine.dsn import Dsn
 from wal_engine.errors import DEVELOPMENT_ENV as DEVELOPMENT_ENV
 from wal_engine.errors import InsecureSetup as InsecureSetup
 
@@ -41,11 +39,6 @@ OWNER_ROLE: Final = "engine_owner"
 APP_ROLE: Final = "engine_app"
 EMBEDDED_SETTINGS_FILE: Final = "wal-engine.conf"
 """The settings file the embedded server writes (``wal_engine.embedded``)."""
-
-SET_PARAMETERS: Final = """
-SELECT set_config('wal_engine.owner_role', $1, true),
-       set_config('wal_engine.app_role', $2, true)
-"""
 
 ROLE_ATTRIBUTES: Final = """
 SELECT current_user AS role, r.rolsuper AS superuser, r.rolbypassrls AS bypassrls,
@@ -285,41 +278,7 @@ async def enforce_runtime_role(
 
 
 def dsn_for_role(dsn: str, role: str, password: str | None = None) -> str:
-    """The same server and database as ``dsn``, logging in as ``role``."""
-    parts = urllib.parse.urlsplit(dsn)
-    user = urllib.parse.quote(role, safe="")
-    if password is not None:
-        user += ":" + urllib.parse.quote(password, safe="")
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}"))
-
-
-def security_sql() -> str:
-    """The text of ``security.sql`` (packaged in the wheel, or at the repository root)."""
-    packaged = resources.files("wal_engine").joinpath("security.sql")
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parents[2] / "security.sql").read_text(encoding="utf-8")
-
-
-async def apply_security(
-    connection: asyncpg.Connection,
-    *,
-    owner_role: str = OWNER_ROLE,
-    app_role: str = APP_ROLE,
-    migrate: bool = True,
-) -> None:
-    """Create the roles and apply ownership and grants (``security.sql``), idempotently.
-
-    Run it as a superuser after every migration (re-creating a function resets its
-    SECURITY DEFINER and search_path). With ``migrate`` the schema is applied first. The
-    application role is a NOLOGIN group: tenants log in as roles of their own, members of
-    it, made by :func:`wal_engine.security.tenants.create_tenant` (which also sets their timeouts).
-    """
-    if migrate:
-        from wal_engine.store.connection import apply_schema
-
-        await apply_schema(connection)
-    async with connection.transaction():
-        await connection.execute(SET_PARAMETERS, owner_role, app_role)
-        await connection.execute(security_sql())
+    """The same server, database and parameters as ``dsn``, logging in as ``role`` (with
+    ``password``, or none)."""
+    parsed = Dsn.parse(dsn)
+    return msgspec.structs.replace(parsed, user=role, password=password).render()

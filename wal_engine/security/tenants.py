@@ -196,7 +196,7 @@ async def _require_security(connection: asyncpg.Connection, app_role: str) -> No
     if not row["mapping"] or not row["app_group"]:
         raise ConfigurationError(
             f"security.sql is not applied to this database (no wal_tenant_roles or no "
-            f"NOLOGIN group {app_role!r}): run wal_engine.security.roles.apply_security first "
+            f"NOLOGIN group {app_role!r}): run wal_engine.store.setup.apply_security first "
             "(`wal-engine tenant create` does)")
 
 

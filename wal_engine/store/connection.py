@@ -14,6 +14,9 @@ import asyncpg
 import structlog
 
 from wal_engine import limits
+from wal_engine.dsn import Dsn
+from wal_engine.dsn import redact_dsn as redact_dsn
+from wal_engine.dsn import with_database as with_database
 from wal_engine.errors import (
     AmbiguousCommit,
     ConfigurationError,
@@ -30,9 +33,6 @@ from wal_engine.ids import DEFAULT_TENANT, validate_tenant
 from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
-from wal_engine.store.dsn import Dsn
-from wal_engine.store.dsn import redact_dsn as redact_dsn
-from wal_engine.store.dsn import with_database as with_database
 
 log = structlog.get_logger(__name__)
 
