@@ -29,12 +29,12 @@ from wal_engine.security.roles import (
     APP_ROLE,
     OWNER_ROLE,
     InsecureSetup,
-    apply_security,
     check_runtime_role,
     dsn_for_role,
 )
 from wal_engine.security.tenants import create_tenant
 from wal_engine.store import Database, Store
+from wal_engine.store.setup import apply_security
 
 ROOT = Path(__file__).resolve().parents[2]
 INSUFFICIENT_PRIVILEGE = "42501"
