@@ -21,18 +21,18 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import structlog
 
 from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim, StaleEpoch
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -56,13 +56,19 @@ from wal_engine.runtime.context import (
     CallTimedOut,
     LlmResponse,
     ToolError,
-    _current_call,
-    _lease_check,
-    _ToolSpec,
     call_function,
     wait_signal,
 )
-from wal_engine.runtime.run import INTERNAL_PREFIX, Fenced, Finished, Suspended
+from wal_engine.runtime.control import (
+    RETRY_TIMER_PREFIX,
+    Fenced,
+    Finished,
+    Suspended,
+    approval_signal,
+    current_call_claim,
+    lease_check,
+    reconcile_signal,
+)
 from wal_engine.security.redaction import (
     redact_event,
     resolve_secret_refs,
@@ -73,7 +79,7 @@ from wal_engine.state_machine import Status
 from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
-    from wal_engine.runtime.run import TaskRun
+    from wal_engine.runtime.ports import Run
 
 log = structlog.get_logger(__name__)
 
@@ -82,35 +88,51 @@ attempts_max: Final = 1000
 """Bound on the retry loop of one call (the policy's max_attempts is far lower)."""
 
 
-def _now_ms() -> int:
-    return round(time.time() * 1000)
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``ctx.tool`` call as the driver makes it: the arguments as given (``args``) and
+    as recorded (``stored_args``, redacted, and their hash), and the call's options."""
+
+    name: str
+    function: Any
+    args: Any
+    stored_args: Any
+    args_hash: str
+    idempotent: bool
+    retry: RetryPolicy
+    timeout_s: float | None
+    on_uncertain: str
+    lookup: Any
 
 
-def _intent_seq(run: TaskRun) -> int:
+def _now_ms(run: Run) -> int:
+    return now_ms(run.services.clock)
+
+
+def _intent_seq(run: Run) -> int:
     """The seq the next intent will get (a step_started may go first)."""
     return run.head_seq + (2 if run.status is Status.CHECKPOINTED else 1)
 
 
-def _error_text(run: TaskRun, error: BaseException, secrets: tuple[str, ...]) -> str:
+def _error_text(run: Run, error: BaseException, secrets: tuple[str, ...]) -> str:
     """An error's text as the log may hold it: the call's resolved secrets and anything
     credential-like removed, then cut to the bound (in that order: a credential cut in half
     would no longer be recognised)."""
     return run.redact_text(scrub_values(str(error), secrets))[:error_text_max]
 
 
-def _claim(run: TaskRun, key: str) -> Claim:
-    return Claim(key=key, owner=run.worker.worker_id, epoch=run.epoch, task_id=run.task_id)
+def _claim(run: Run, key: str) -> Claim:
+    return Claim(key=key, owner=run.worker_id, epoch=run.epoch, task_id=run.task_id)
 
 
-async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int | None,
+async def _wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | None,
                       policy: RetryPolicy) -> None:
     """Wait for a retry's due time: in memory if short, as a durable timer if long."""
-    delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms()
+    delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms(run)
     # The due time was computed on the wall clock of whichever worker recorded the failure;
     # no backoff exceeds the policy's cap, so a skewed clock cannot stretch it (RELIABILITY
     # K1: a worker an hour ahead would otherwise park the retry for an hour).
     delay_ms = min(delay_ms, round(policy.max_delay_s * 1000))
-    timer_id = f"{INTERNAL_PREFIX}retry:{call_id}:{attempt}"
+    timer_id = f"{RETRY_TIMER_PREFIX}{call_id}:{attempt}"
     timer = run.view.calls.get(timer_id)
     if timer is not None:
         if timer.status is CallStatus.PENDING:
@@ -119,17 +141,17 @@ async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int |
     if delay_ms <= 0:
         return
     if delay_ms > policy.durable_after_s * 1000:
-        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=_now_ms() + delay_ms,
+        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=_now_ms(run) + delay_ms,
                                           duration_ms=delay_ms)])
         raise Suspended
-    await asyncio.sleep(delay_ms / 1000)
+    await run.services.clock.sleep(delay_ms / 1000)
     run.check_live()
 
 
 class ToolCaller:
     """One tool call through intent, attempts and outcome."""
 
-    def __init__(self, run: TaskRun, spec: _ToolSpec) -> None:
+    def __init__(self, run: Run, spec: ToolSpec) -> None:
         self.run = run
         self.spec = spec
         self.secrets_used: tuple[str, ...] = ()
@@ -188,14 +210,15 @@ class ToolCaller:
                 # from the outcome too: a tool may echo them. A failure here happens
                 # before the tool runs: it did not act.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
-                argument, resolved = await resolve_secret_refs(spec.args, run.engine.secrets)
+                argument, resolved = await resolve_secret_refs(spec.args, run.services.secrets)
                 self.secrets_used += resolved
             except Exception as error:
                 failure: Exception = error
                 verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
             else:
                 await self._ensure_lease(call_id, attempt)
-                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
+                tokens = (current_call_claim.set(_claim(run, key)),
+                          lease_check.set(run.lease_trusted))
                 try:
                     result = await call_function(spec.function, argument, spec.timeout_s,
                                                  run.executor)
@@ -214,8 +237,8 @@ class ToolCaller:
                     failpoints.hit("after_result_commit")
                     return recorded
                 finally:
-                    _current_call.reset(tokens[0])
-                    _lease_check.reset(tokens[1])
+                    current_call_claim.reset(tokens[0])
+                    lease_check.reset(tokens[1])
             retry_at = await self._record_failure(call_id, attempt, failure, verdict)
             if retry_at is None:
                 raise ToolError(call_id, type(failure).__name__,
@@ -236,7 +259,7 @@ class ToolCaller:
         await run.append([ev.ToolCallFailed(
             call_id=call_id, attempt=attempt, error_type=LeaseExpired.__name__,
             error="the lease could not be trusted when the attempt was due: it did not start",
-            retryable=True, retry_at_ms=_now_ms())])
+            retryable=True, retry_at_ms=_now_ms(run))])
         run.fence("lease expired by the worker's own clock before an effect")
         raise Fenced
 
@@ -247,7 +270,7 @@ class ToolCaller:
         retry_at = None
         if retryable:
             delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
-            retry_at = _now_ms() + round(delay_s * 1000)
+            retry_at = _now_ms(run) + round(delay_s * 1000)
         await run.append([ev.ToolCallFailed(
             call_id=call_id, attempt=attempt, error=_error_text(run, error, self.secrets_used),
             error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
@@ -331,7 +354,7 @@ class ToolCaller:
         await run.append([ev.ToolCallUncertain(
             call_id=call_id, policy=spec.on_uncertain, reason=reason,
             error_type=None if error is None else type(error).__name__, error=text,
-            not_before_ms=_now_ms() + grace_ms)])
+            not_before_ms=_now_ms(run) + grace_ms)])
         log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
                     policy=spec.on_uncertain, reason=reason)
         metrics.call_escalated("tool", reason)
@@ -347,7 +370,7 @@ class ToolCaller:
             await run.fail("uncertain_side_effect", None, diagnostic_extra={
                 "call_id": call_id, "tool": self.spec.name})
             raise Finished
-        signal_name = f"{INTERNAL_PREFIX}reconcile:{call_id}"
+        signal_name = reconcile_signal(call_id)
         received = _received_signals(run, signal_name)
         payload = received[0] if received else await wait_signal(run, signal_name, None)
         if isinstance(payload, dict) and "error" in payload:
@@ -361,7 +384,7 @@ class ToolCaller:
     async def _approved(self, call_id: str) -> None:
         """Wait until a human approved this exact call (tool and hash of its arguments)."""
         run, spec = self.run, self.spec
-        signal_name = f"{INTERNAL_PREFIX}approval:{call_id}"
+        signal_name = approval_signal(call_id)
         approval = run.view.approvals.get(call_id)
         if approval is None:
             await run.append([ev.ApprovalRequested(call_id=call_id, tool=spec.name,
@@ -404,7 +427,7 @@ def _doubt_reason(error: BaseException) -> str:
     return "error_after_start"
 
 
-def _stop_unless_leased(run: TaskRun, error: BaseException) -> None:
+def _stop_unless_leased(run: Run, error: BaseException) -> None:
     """After a failure recorded as retryable: make no further attempt on a lease this
     worker cannot trust (the next owner makes it, under the same key)."""
     if isinstance(error, LeaseExpired) or not run.lease_trusted():
@@ -412,7 +435,7 @@ def _stop_unless_leased(run: TaskRun, error: BaseException) -> None:
         raise Fenced
 
 
-def _received_signals(run: TaskRun, name: str) -> list[Any]:
+def _received_signals(run: Run, name: str) -> list[Any]:
     """Payloads of the internal signal ``name`` already received, in order (consumed from
     the inbox: waiting again would never see them)."""
     return [call.result for call in run.view.calls.values()
@@ -438,7 +461,7 @@ class LlmCaller:
     """One LLM call: intent, call, journaled response and usage. An in-doubt call is made
     again with the same key (it only costs tokens); the recorded response wins."""
 
-    def __init__(self, run: TaskRun, model: str, function: Callable[[Any], Any], request: Any,
+    def __init__(self, run: Run, model: str, function: Callable[[Any], Any], request: Any,
                  hashed: str, retry: RetryPolicy, timeout_s: float | None) -> None:
         self.run, self.model, self.function = run, model, function
         self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
@@ -479,20 +502,21 @@ class LlmCaller:
         for _ in range(attempts_max):
             try:
                 self.secrets_used = secrets_in(run.redactor, self.request)
-                request, resolved = await resolve_secret_refs(self.request, run.engine.secrets)
+                request, resolved = await resolve_secret_refs(self.request, run.services.secrets)
                 self.secrets_used += resolved
                 if not run.lease_trusted():
                     raise LeaseExpired("the lease could not be trusted when the call was due")
-                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
+                tokens = (current_call_claim.set(_claim(run, key)),
+                          lease_check.set(run.lease_trusted))
                 try:
                     raw = await call_function(self.function, request, self.timeout_s,
                                               run.executor)
                 finally:
-                    _current_call.reset(tokens[0])
-                    _lease_check.reset(tokens[1])
+                    current_call_claim.reset(tokens[0])
+                    lease_check.reset(tokens[1])
             except Exception as error:
                 verdict = classify_failure(error, self.retry, attempt, repeat_safe=True)
-                retry_at = (_now_ms() + round(1000 * backoff_delay_s(
+                retry_at = (_now_ms(run) + round(1000 * backoff_delay_s(
                     self.retry, run.task_id, run.head_seq, attempt))
                     if verdict is Disposition.RETRY else None)
                 text = _error_text(run, error, self.secrets_used)
@@ -561,7 +585,7 @@ def _as_response(raw: Any) -> LlmResponse:
     return LlmResponse(content=raw)
 
 
-async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
+async def run_transaction(run: Run, outcome: Outcome, name: str,
                           function: Callable[[Any, Any], Any], args: Any, hashed: str,
                           policy: RetryPolicy) -> Any:
     """A DB-local effect: the effect, its dedup row and the result event in one transaction.
@@ -599,7 +623,7 @@ async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
             verdict = classify_failure(error, policy, attempt, repeat_safe=True)
             retry_at = None
             if verdict is Disposition.RETRY:
-                retry_at = _now_ms() + round(1000 * backoff_delay_s(
+                retry_at = _now_ms(run) + round(1000 * backoff_delay_s(
                     policy, run.task_id, run.head_seq, attempt))
             text = _error_text(run, error, ())
             await run.append([ev.ToolCallFailed(
@@ -619,7 +643,7 @@ def _transaction_intent(call_id: str, name: str, args: Any, hashed: str, key: st
                                idempotency_key=key, attempt=attempt)
 
 
-async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
+async def _transaction_attempt(run: Run, call_id: str, key: str,
                                function: Callable[[Any, Any], Any], args: Any) -> Any:
     """One attempt of a DB-local effect, its dedup row and its result event."""
     pending: dict[str, Any] = {}
@@ -628,21 +652,21 @@ async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
         # Appended outside TaskRun.append, so redacted here (the gateway already did: kept
         # as a second line, it changes nothing then).
         event = redact_event(ev.ToolCallCompleted(call_id=call_id, result=result),
-                             run.redactor, bytes_max=run.engine.store.payload_bytes_max)
-        encoded = [ev.encode_event(event, payload_bytes_max=run.engine.store.payload_bytes_max)]
-        pending["append"] = await run.engine.store.append_events(
+                             run.redactor, bytes_max=run.services.store.payload_bytes_max)
+        encoded = [ev.encode_event(event, payload_bytes_max=run.services.store.payload_bytes_max)]
+        pending["append"] = await run.services.store.append_events(
             run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,
             prev_hash=run.head_hash, connection=connection, encoded=encoded)
         pending["event"] = event
 
     claim = _claim(run, key)
     # Like a tool, the effect can read its key and epoch (ctx.idempotency_key, current_call).
-    token = _current_call.set(claim)
+    token = current_call_claim.set(claim)
     try:
-        result = await run.engine.gateway.run_in_transaction(
+        result = await run.services.gateway.run_in_transaction(
             claim, lambda connection: function(connection, args), record)
     finally:
-        _current_call.reset(token)
+        current_call_claim.reset(token)
     if "append" in pending:
         run.adopt_append(pending["event"], pending["append"])
     return result

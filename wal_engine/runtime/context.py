@@ -15,8 +15,6 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-import random as random_module
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -27,24 +25,24 @@ from replay.journal import Fresh, InDoubt, Outcome, Recorded
 from replay.state import AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim
 from wal_engine.errors import InvalidInput, WalError
 from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
-from wal_engine.runtime.run import INTERNAL_PREFIX, Suspended
+from wal_engine.runtime.control import (
+    INTERNAL_PREFIX,
+    Suspended,
+    current_call_claim,
+    lease_check,
+)
 from wal_engine.store import queries
 
 if TYPE_CHECKING:
-    from wal_engine.runtime.run import TaskRun
+    from wal_engine.runtime.ports import Run
 
 UncertainPolicy = Literal["fail", "wait"]
 
-_current_call: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
-    "wal_engine_current_call", default=None
-)
-_lease_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "wal_engine_lease_check", default=None
-)
 
 
 class CallTimedOut(TimeoutError):
@@ -87,13 +85,13 @@ class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
 def current_call() -> Claim | None:
     """The call in flight in this coroutine or thread (its idempotency key and fencing
     epoch)."""
-    return _current_call.get()
+    return current_call_claim.get()
 
 
 def lease_valid() -> bool:
     """Inside a tool: whether the worker can still trust its lease of the task, by its own
     clock and without a round trip (True outside a call)."""
-    check = _lease_check.get()
+    check = lease_check.get()
     return True if check is None else check()
 
 
@@ -104,7 +102,7 @@ def ensure_lease() -> None:
     and continued finds its lease expired here. Only the callee refusing stale epochs
     (``ctx.epoch``) closes the gap of a worker stopped after this check."""
     if not lease_valid():
-        claim = _current_call.get()
+        claim = current_call_claim.get()
         key = "?" if claim is None else claim.key
         raise LeaseExpired(f"the lease of the call {key} can no longer be trusted")
 
@@ -112,7 +110,7 @@ def ensure_lease() -> None:
 class AgentContext:
     """What an agent function receives as ``ctx``."""
 
-    def __init__(self, run: TaskRun) -> None:
+    def __init__(self, run: Run) -> None:
         self._run = run
         self._ordinals: dict[str, int] = {}
         self._patches: dict[str, bool] = {}
@@ -142,18 +140,18 @@ class AgentContext:
     @property
     def worker_id(self) -> str:
         """The worker running this task."""
-        return self._run.worker.worker_id
+        return self._run.worker_id
 
     @property
     def idempotency_key(self) -> str | None:
         """The key of the call in flight, for the callee to deduplicate on."""
-        claim = _current_call.get()
+        claim = current_call_claim.get()
         return None if claim is None else claim.key
 
     @property
     def call_claim(self) -> Claim | None:
         """The call in flight as a gateway claim (key, owner, epoch)."""
-        return _current_call.get()
+        return current_call_claim.get()
 
     def lease_valid(self) -> bool:
         """Whether this worker can still trust its lease, by its own clock (no round trip)."""
@@ -215,11 +213,11 @@ class AgentContext:
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        spec = _ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
-                         args_hash=hashed,
-                         idempotent=idempotent, retry=retry, timeout_s=timeout_s,
-                         on_uncertain=on_uncertain, lookup=lookup)
-        from wal_engine.runtime.calls import ToolCaller
+        from wal_engine.runtime.calls import ToolCaller, ToolSpec
+
+        spec = ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
+                        args_hash=hashed, idempotent=idempotent, retry=retry,
+                        timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup)
 
         return await ToolCaller(self._run, spec).drive(outcome, approval=approval)
 
@@ -248,18 +246,19 @@ class AgentContext:
 
     async def now(self) -> float:
         """Seconds since the epoch, journaled: a replay sees the same value."""
-        return float(await self._value("now", time.time))
+        return float(await self._value("now"))
 
     async def random(self) -> float:
         """A number in [0, 1), journaled: a replay sees the same value."""
-        return float(await self._value("random", random_module.random))
+        return float(await self._value("random"))
 
-    async def _value(self, kind: str, source: Callable[[], Any]) -> Any:
+    async def _value(self, kind: str) -> Any:
         outcome = await self._next(CallKind.VALUE, kind, "")
         if isinstance(outcome, Recorded):
             return outcome.result
         assert isinstance(outcome, Fresh)
-        value = source()
+        services = self._run.services  # Only now: a replay has none and never gets here.
+        value = services.clock.time_s() if kind == "now" else services.random.random()
         await self._run.append([ev.ValueRecorded(call_id=outcome.call_id, kind=kind,
                                                  value=value)])
         return value
@@ -276,7 +275,7 @@ class AgentContext:
             return
         assert isinstance(outcome, Fresh)
         await self._run.append([ev.TimerStarted(
-            timer_id=outcome.call_id, wake_at_ms=round(time.time() * 1000) + duration_ms,
+            timer_id=outcome.call_id, wake_at_ms=now_ms(self._run.services.clock) + duration_ms,
             duration_ms=duration_ms)])
         raise Suspended
 
@@ -439,19 +438,6 @@ class AgentContext:
                 raise _divergence(self._run, kind, None, f"{count} recorded")
 
 
-class _ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    function: Any
-    args: Any
-    stored_args: Any
-    args_hash: str
-    idempotent: bool
-    retry: RetryPolicy
-    timeout_s: float | None
-    on_uncertain: str
-    lookup: Any
-
-
 change_id_length_max: Final = 200
 
 
@@ -466,7 +452,7 @@ def _recorded(outcome: Recorded) -> Any:
     return outcome.result
 
 
-def _divergence(run: TaskRun, kind: str, requested: str | None,
+def _divergence(run: Run, kind: str, requested: str | None,
                 recorded: str | None) -> NonDeterminismError:
     seq = run.view.last_seq
     return NonDeterminismError(
@@ -477,7 +463,7 @@ def _divergence(run: TaskRun, kind: str, requested: str | None,
     )
 
 
-async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
+async def wait_signal(run: Run, name: str, timeout_ms: int | None) -> Any:
     """Deliver a signal from the inbox, or wait durably for one (also for internal waits)."""
     found, payload = await take_signal(run, name)
     if found:
@@ -487,16 +473,16 @@ async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
     # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
     if await _unconsumed_signals(run, name, 1):
         await run.append([ev.TaskWoken(reason="signal")])
-        await run.engine.database.fetch(queries.WAKE_WORKERS)
+        await run.services.database.fetch(queries.WAKE_WORKERS)
     raise Suspended
 
 
-async def _unconsumed_signals(run: TaskRun, name: str, limit: int) -> list[Any]:
-    return await run.engine.database.fetch(queries.READ_SIGNALS, run.task_id, name,
+async def _unconsumed_signals(run: Run, name: str, limit: int) -> list[Any]:
+    return await run.services.database.fetch(queries.READ_SIGNALS, run.task_id, name,
                                            list(run.view.signal_ids), limit)
 
 
-async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:
+async def take_signal(run: Run, name: str) -> tuple[bool, Any]:
     """Consume the oldest unconsumed signal ``name``: ``(True, payload)``, or ``(False, None)``."""
     rows = await _unconsumed_signals(run, name, 1)
     if not rows:
