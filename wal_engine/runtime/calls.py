@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
 import structlog
@@ -32,6 +32,7 @@ from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.budgets import BudgetTrip
 from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim, StaleEpoch
 from wal_engine.errors import (
@@ -102,6 +103,68 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None
     on_uncertain: str
     lookup: Any
+    result_type: Any = None
+
+    kind: ClassVar[str] = "tool"
+    intent_redacted: ClassVar[bool] = True
+    """The intent carries ``stored_args``, already redacted."""
+
+    def intent(self, call_id: str, key: str, attempt: int) -> ev.Event:
+        """The intent, from the arguments as already redacted (``stored_args``)."""
+        return ev.ToolCallIntended(
+            call_id=call_id, tool=self.name, args=self.stored_args, args_hash=self.args_hash,
+            idempotency_key=key, idempotent=self.idempotent, attempt=attempt)
+
+    def failed(self, call_id: str, attempt: int, error_type: str, error: str, *,
+               retryable: bool = False, retry_at_ms: int | None = None) -> ev.Event:
+        """An attempt's failure, as recorded."""
+        return ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type=error_type,
+                                 error=error, retryable=retryable, retry_at_ms=retry_at_ms)
+
+    async def budget_trip(self, run: Run, *, in_loop: bool) -> BudgetTrip | None:
+        """The budget an attempt would trip (a retry within one run is not checked again:
+        the call's first attempt was)."""
+        return None if in_loop else run.check_budget(planned_tool_calls=1)
+
+
+class LlmSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``ctx.llm`` call as the driver makes it. An LLM call is always safe to repeat
+    under its key (it only costs tokens; the recorded response wins)."""
+
+    name: str
+    """The model."""
+    function: Any
+    args: Any
+    """The request as given."""
+    args_hash: str
+    retry: RetryPolicy
+    timeout_s: float | None
+    result_type: Any = None
+
+    kind: ClassVar[str] = "llm"
+    intent_redacted: ClassVar[bool] = False
+    idempotent: ClassVar[bool] = True
+    lookup: ClassVar[None] = None
+    on_uncertain: ClassVar[str] = "fail"
+
+    def intent(self, call_id: str, key: str, attempt: int) -> ev.Event:
+        """The intent (the request is redacted as it is appended)."""
+        return ev.LlmCallIntended(call_id=call_id, model=self.name, request=self.args,
+                                  request_hash=self.args_hash, idempotency_key=key,
+                                  attempt=attempt)
+
+    def failed(self, call_id: str, attempt: int, error_type: str, error: str, *,
+               retryable: bool = False, retry_at_ms: int | None = None) -> ev.Event:
+        """An attempt's failure, as recorded."""
+        return ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type=error_type,
+                                error=error, retryable=retryable, retry_at_ms=retry_at_ms)
+
+    async def budget_trip(self, run: Run, *, in_loop: bool) -> BudgetTrip | None:
+        """The task's budget, then the tenant's LLM spend cap, before every attempt."""
+        return run.check_budget() or await run.check_tenant_spend()
+
+
+CallSpec = ToolSpec | LlmSpec
 
 
 def _now_ms(run: Run) -> int:
@@ -148,16 +211,22 @@ async def _wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | Non
     run.check_live()
 
 
-class ToolCaller:
-    """One tool call through intent, attempts and outcome."""
+class CallDriver:
+    """One external call, a tool's or an LLM's, through intent, attempts and outcome.
 
-    def __init__(self, run: Run, spec: ToolSpec) -> None:
+    The kind of call (``spec``) says what differs: the events it writes, the budgets checked
+    before an attempt, whether a repeat is safe (an LLM call's always is), and how a result
+    is recorded. Everything else, the attempt loop, failure recording, backoff, lease checks
+    and secret resolution, is the same for both.
+    """
+
+    def __init__(self, run: Run, spec: CallSpec) -> None:
         self.run = run
         self.spec = spec
         self.secrets_used: tuple[str, ...] = ()
         """Values of the secret references resolved for the attempt in flight."""
 
-    async def drive(self, outcome: Outcome, *, approval: bool) -> Any:
+    async def drive(self, outcome: Outcome, *, approval: bool = False) -> Any:
         """Drive the call from the journal's answer to its outcome."""
         if isinstance(outcome, Fresh):
             if approval:
@@ -169,34 +238,29 @@ class ToolCaller:
         assert isinstance(outcome, InDoubt)
         return await self._in_doubt(outcome)
 
-    async def _first_attempt(self, call_id: str) -> Any:
-        run = self.run
-        trip = run.check_budget(planned_tool_calls=1)
+    async def _intend(self, call_id: str, key: str, attempt: int, *, in_loop: bool) -> None:
+        """Check the budgets, then append the attempt's intent."""
+        run, spec = self.run, self.spec
+        trip = await spec.budget_trip(run, in_loop=in_loop)
         if trip is not None:
             await run.fail_budget(trip)
-        key = idempotency_key(run.task_id, _intent_seq(run))
-        failpoints.hit("before_intent_append")
-        await run.append([self._intent(call_id, key, 1)], redacted=True)
-        failpoints.hit("after_intent_commit")
-        return await self._attempts(call_id, key, 1)
+        await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
 
-    def _intent(self, call_id: str, key: str, attempt: int) -> ev.ToolCallIntended:
-        """The intent, from the arguments as already redacted (``spec.stored_args``)."""
-        spec = self.spec
-        return ev.ToolCallIntended(
-            call_id=call_id, tool=spec.name, args=spec.stored_args, args_hash=spec.args_hash,
-            idempotency_key=key, idempotent=spec.idempotent, attempt=attempt,
-        )
+    async def _first_attempt(self, call_id: str) -> Any:
+        key = idempotency_key(self.run.task_id, _intent_seq(self.run))
+        tool = self.spec.kind == "tool"
+        if tool:
+            failpoints.hit("before_intent_append")
+        await self._intend(call_id, key, 1, in_loop=False)
+        if tool:
+            failpoints.hit("after_intent_commit")
+        return await self._attempts(call_id, key, 1)
 
     async def _next_attempt(self, call_id: str, attempt: int, key: str | None,
                             due_at_ms: int | None) -> Any:
-        run = self.run
         assert key is not None
-        await _wait_until(run, call_id, attempt, due_at_ms, self.spec.retry)
-        trip = run.check_budget(planned_tool_calls=1)
-        if trip is not None:
-            await run.fail_budget(trip)
-        await run.append([self._intent(call_id, key, attempt)], redacted=True)
+        await _wait_until(self.run, call_id, attempt, due_at_ms, self.spec.retry)
+        await self._intend(call_id, key, attempt, in_loop=False)
         return await self._attempts(call_id, key, attempt)
 
     async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
@@ -207,8 +271,8 @@ class ToolCaller:
             try:
                 # Secret references are resolved at call time, for this attempt only. Their
                 # values, and those redacted from the arguments by key name, are scrubbed
-                # from the outcome too: a tool may echo them. A failure here happens
-                # before the tool runs: it did not act.
+                # from the outcome too: a callee may echo them. A failure here happens
+                # before the call: it did not act.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
                 argument, resolved = await resolve_secret_refs(spec.args, run.services.secrets)
                 self.secrets_used += resolved
@@ -217,28 +281,10 @@ class ToolCaller:
                 verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
             else:
                 await self._ensure_lease(call_id, attempt)
-                tokens = (current_call_claim.set(_claim(run, key)),
-                          lease_check.set(run.lease_trusted))
-                try:
-                    result = await call_function(spec.function, argument, spec.timeout_s,
-                                                 run.executor)
-                    failpoints.hit("after_effect_before_result")
-                except Exception as error:
-                    failure = error
-                    verdict = classify_failure(error, spec.retry, attempt,
-                                               repeat_safe=spec.idempotent)
-                    if verdict is Disposition.IN_DOUBT:
-                        found, value = await self._resolve_doubt(call_id, key, attempt, error)
-                        if found:
-                            return value
-                        verdict = value
-                else:
-                    recorded = await self._record_result(call_id, attempt, result)
-                    failpoints.hit("after_result_commit")
-                    return recorded
-                finally:
-                    current_call_claim.reset(tokens[0])
-                    lease_check.reset(tokens[1])
+                found, value = await self._attempt(call_id, key, attempt, argument)
+                if found:
+                    return value
+                failure, verdict = value
             retry_at = await self._record_failure(call_id, attempt, failure, verdict)
             if retry_at is None:
                 raise ToolError(call_id, type(failure).__name__,
@@ -246,8 +292,35 @@ class ToolCaller:
             _stop_unless_leased(run, failure)
             attempt += 1
             await _wait_until(run, call_id, attempt, retry_at, spec.retry)
-            await run.append([self._intent(call_id, key, attempt)], redacted=True)
+            await self._intend(call_id, key, attempt, in_loop=True)
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
+
+    async def _attempt(self, call_id: str, key: str, attempt: int,
+                       argument: Any) -> tuple[bool, Any]:
+        """One attempt: ``(True, result as recorded)``, or ``(False, (error, verdict))``
+        for a failure to record."""
+        run, spec = self.run, self.spec
+        tokens = current_call_claim.set(_claim(run, key)), lease_check.set(run.lease_trusted)
+        try:
+            result = await call_function(spec.function, argument, spec.timeout_s, run.executor)
+            if spec.kind == "tool":
+                failpoints.hit("after_effect_before_result")
+        except Exception as error:
+            verdict = classify_failure(error, spec.retry, attempt,
+                                       repeat_safe=spec.idempotent)
+            if verdict is Disposition.IN_DOUBT:
+                found, value = await self._resolve_doubt(call_id, key, attempt, error)
+                if found:
+                    return True, value
+                verdict = value
+            return False, (error, verdict)
+        finally:
+            current_call_claim.reset(tokens[0])
+            lease_check.reset(tokens[1])
+        recorded = await self._record_result(call_id, attempt, result)
+        if spec.kind == "tool":
+            failpoints.hit("after_result_commit")
+        return True, recorded
 
     async def _ensure_lease(self, call_id: str, attempt: int) -> None:
         """Start no effect on a lease this worker can no longer trust: record the attempt as
@@ -256,28 +329,65 @@ class ToolCaller:
         if run.lease_trusted():
             return
         run.log.warning("effect_not_started", call_id=call_id, reason="lease_untrusted")
-        await run.append([ev.ToolCallFailed(
-            call_id=call_id, attempt=attempt, error_type=LeaseExpired.__name__,
-            error="the lease could not be trusted when the attempt was due: it did not start",
+        await run.append([self.spec.failed(
+            call_id, attempt, LeaseExpired.__name__,
+            "the lease could not be trusted when the attempt was due: it did not start",
             retryable=True, retry_at_ms=_now_ms(run))])
         run.fence("lease expired by the worker's own clock before an effect")
         raise Fenced
 
     async def _record_failure(self, call_id: str, attempt: int, error: Exception,
                               verdict: Disposition) -> int | None:
-        run, policy = self.run, self.spec.retry
+        run, spec = self.run, self.spec
         retryable = verdict is Disposition.RETRY
         retry_at = None
         if retryable:
-            delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
+            delay_s = backoff_delay_s(spec.retry, run.task_id, run.head_seq, attempt)
             retry_at = _now_ms(run) + round(delay_s * 1000)
-        await run.append([ev.ToolCallFailed(
-            call_id=call_id, attempt=attempt, error=_error_text(run, error, self.secrets_used),
-            error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
-        log.info("tool_attempt_failed", task_id=run.task_id, call_id=call_id, attempt=attempt,
-                 retryable=retryable, error_type=type(error).__name__)
-        metrics.call_failed("tool", retryable)
+        await run.append([spec.failed(
+            call_id, attempt, type(error).__name__,
+            _error_text(run, error, self.secrets_used), retryable=retryable,
+            retry_at_ms=retry_at)])
+        log.info(f"{spec.kind}_attempt_failed", task_id=run.task_id, call_id=call_id,
+                 attempt=attempt, retryable=retryable, error_type=type(error).__name__)
+        metrics.call_failed(spec.kind, retryable)
         return retry_at
+
+    async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
+        """Record the result; return it as recorded (redacted), as a replay would."""
+        if isinstance(self.spec, LlmSpec):
+            return await self._record_response(call_id, attempt, _as_response(result))
+        stored = await self._store(call_id, attempt, ev.ToolCallCompleted(
+            call_id=call_id, result=scrub_values(result, self.secrets_used)))
+        assert isinstance(stored, ev.ToolCallCompleted)
+        return stored.result
+
+    async def _record_response(self, call_id: str, attempt: int,
+                               response: LlmResponse) -> Any:
+        """Record an LLM response and its usage; return its content as recorded."""
+        problem = _usage_problem(response)
+        if problem is not None:
+            # Negative usage would be added to the task's totals and offset the budget
+            # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
+            await self.run.append([self.spec.failed(call_id, attempt, "InvalidUsage", problem)])
+            raise ToolError(call_id, "InvalidUsage", problem)
+        stored = await self._store(call_id, attempt, ev.LlmCallCompleted(
+            call_id=call_id, response=scrub_values(response.content, self.secrets_used),
+            input_tokens=response.input_tokens, output_tokens=response.output_tokens,
+            cost_usd=response.cost_usd))
+        assert isinstance(stored, ev.LlmCallCompleted)
+        await self.run.add_tenant_spend(stored.cost_usd)
+        return stored.response
+
+    async def _store(self, call_id: str, attempt: int, success: ev.Event) -> ev.Event:
+        """Append ``success``, or a storable failure instead if it cannot be stored (then
+        raise); return ``success`` as recorded."""
+        what = "the tool's result" if self.spec.kind == "tool" else "the LLM response"
+        stored = await self.run.store_result_or_failure(success, self.spec.failed(
+            call_id, attempt, "UnstorableResult", f"{what} cannot be stored"))
+        if stored is None:
+            raise ToolError(call_id, "UnstorableResult", f"{what} cannot be stored")
+        return stored
 
     async def _resolve_doubt(self, call_id: str, key: str, attempt: int,
                              error: Exception) -> tuple[bool, Any]:
@@ -311,18 +421,6 @@ class ToolCaller:
                                  error=self.run.redact_text(repr(error)))
             return False, None
 
-    async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
-        """Record the result; return it as recorded (redacted), as a replay would."""
-        stored = await self.run.store_result_or_failure(
-            ev.ToolCallCompleted(call_id=call_id,
-                                 result=scrub_values(result, self.secrets_used)),
-            ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                              error="the tool's result cannot be stored", retryable=False),
-        )
-        if not isinstance(stored, ev.ToolCallCompleted):
-            raise ToolError(call_id, "UnstorableResult", "the tool's result cannot be stored")
-        return stored.result
-
     async def _in_doubt(self, outcome: InDoubt) -> Any:
         """The crash fell between intent and outcome (window 2 of RELIABILITY.md W3)."""
         run, spec = self.run, self.spec
@@ -339,7 +437,7 @@ class ToolCaller:
         # under the key, the callee never acted: sending now is the first delivery.
         if spec.idempotent or looked_up:
             log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
-            metrics.call_retried("tool", "in_doubt")
+            metrics.call_retried(spec.kind, "in_doubt")
             return await self._attempts(outcome.call_id, key, outcome.attempt)
         return await self._escalate(outcome.call_id, outcome.attempt, "interrupted", None)
 
@@ -357,7 +455,7 @@ class ToolCaller:
             not_before_ms=_now_ms(run) + grace_ms)])
         log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
                     policy=spec.on_uncertain, reason=reason)
-        metrics.call_escalated("tool", reason)
+        metrics.call_escalated(spec.kind, reason)
         await run.run_hook("on_escalation", reason, {
             "call_id": call_id, "tool": spec.name, "error_type": type(error).__name__
             if error is not None else None, "error": text, "policy": spec.on_uncertain})
@@ -455,109 +553,6 @@ def _approval_decision(payload: Any) -> ev.ApprovalDecided | None:
         return None
     return ev.ApprovalDecided(call_id="", approved=approved, approver=approver,
                               args_hash=hashed, comment=comment)
-
-
-class LlmCaller:
-    """One LLM call: intent, call, journaled response and usage. An in-doubt call is made
-    again with the same key (it only costs tokens); the recorded response wins."""
-
-    def __init__(self, run: Run, model: str, function: Callable[[Any], Any], request: Any,
-                 hashed: str, retry: RetryPolicy, timeout_s: float | None) -> None:
-        self.run, self.model, self.function = run, model, function
-        self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
-        self.secrets_used: tuple[str, ...] = ()
-
-    async def drive(self, outcome: Outcome) -> Any:
-        """Drive the LLM call to its recorded response."""
-        run = self.run
-        key: str | None
-        if isinstance(outcome, Fresh):
-            call_id, attempt = outcome.call_id, 1
-            key = idempotency_key(run.task_id, _intent_seq(run))
-            await self._intend(call_id, key, attempt)
-        elif isinstance(outcome, Retry):
-            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
-            assert key is not None
-            await _wait_until(run, call_id, attempt, outcome.due_at_ms, self.retry)
-            await self._intend(call_id, key, attempt)
-        else:
-            assert isinstance(outcome, InDoubt) and outcome.idempotency_key is not None
-            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
-        assert key is not None
-        return await self._attempts(call_id, key, attempt)
-
-    async def _intend(self, call_id: str, key: str, attempt: int) -> None:
-        trip = self.run.check_budget() or await self.run.check_tenant_spend()
-        if trip is not None:
-            await self.run.fail_budget(trip)
-        await self.run.append([ev.LlmCallIntended(
-            call_id=call_id, model=self.model, request=self.request, request_hash=self.hashed,
-            idempotency_key=key, attempt=attempt)])
-
-    async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
-        """Attempts until a response is recorded: every failure the policy calls transient
-        (a timeout included) is retried under the same key, since a repeat costs tokens
-        only; the recorded response wins."""
-        run = self.run
-        for _ in range(attempts_max):
-            try:
-                self.secrets_used = secrets_in(run.redactor, self.request)
-                request, resolved = await resolve_secret_refs(self.request, run.services.secrets)
-                self.secrets_used += resolved
-                if not run.lease_trusted():
-                    raise LeaseExpired("the lease could not be trusted when the call was due")
-                tokens = (current_call_claim.set(_claim(run, key)),
-                          lease_check.set(run.lease_trusted))
-                try:
-                    raw = await call_function(self.function, request, self.timeout_s,
-                                              run.executor)
-                finally:
-                    current_call_claim.reset(tokens[0])
-                    lease_check.reset(tokens[1])
-            except Exception as error:
-                verdict = classify_failure(error, self.retry, attempt, repeat_safe=True)
-                retry_at = (_now_ms(run) + round(1000 * backoff_delay_s(
-                    self.retry, run.task_id, run.head_seq, attempt))
-                    if verdict is Disposition.RETRY else None)
-                text = _error_text(run, error, self.secrets_used)
-                await run.append([ev.LlmCallFailed(
-                    call_id=call_id, attempt=attempt, error=text,
-                    error_type=type(error).__name__, retryable=retry_at is not None,
-                    retry_at_ms=retry_at)])
-                metrics.call_failed("llm", retry_at is not None)
-                if retry_at is None:
-                    raise ToolError(call_id, type(error).__name__, text) from error
-                _stop_unless_leased(run, error)
-                attempt += 1
-                await _wait_until(run, call_id, attempt, retry_at, self.retry)
-                await self._intend(call_id, key, attempt)
-                continue
-            return await self._record(call_id, attempt, _as_response(raw))
-        raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
-
-    async def _record(self, call_id: str, attempt: int, response: LlmResponse) -> Any:
-        """Record the response; return its content as recorded (redacted)."""
-        problem = _usage_problem(response)
-        if problem is not None:
-            # Negative usage would be added to the task's totals and offset the budget
-            # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
-            await self.run.append([ev.LlmCallFailed(
-                call_id=call_id, attempt=attempt, error_type="InvalidUsage", error=problem,
-                retryable=False)])
-            raise ToolError(call_id, "InvalidUsage", problem)
-        stored = await self.run.store_result_or_failure(
-            ev.LlmCallCompleted(call_id=call_id,
-                                response=scrub_values(response.content, self.secrets_used),
-                                input_tokens=response.input_tokens,
-                                output_tokens=response.output_tokens,
-                                cost_usd=response.cost_usd),
-            ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                             error="the LLM response cannot be stored", retryable=False),
-        )
-        if not isinstance(stored, ev.LlmCallCompleted):
-            raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
-        await self.run.add_tenant_spend(stored.cost_usd)
-        return stored.response
 
 
 def _usage_problem(response: LlmResponse) -> str | None:

@@ -213,13 +213,13 @@ class AgentContext:
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        from wal_engine.runtime.calls import ToolCaller, ToolSpec
+        from wal_engine.runtime.calls import CallDriver, ToolSpec
 
         spec = ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
                         args_hash=hashed, idempotent=idempotent, retry=retry,
                         timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup)
 
-        return await ToolCaller(self._run, spec).drive(outcome, approval=approval)
+        return await CallDriver(self._run, spec).drive(outcome, approval=approval)
 
     async def llm(
         self,
@@ -239,10 +239,11 @@ class AgentContext:
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        from wal_engine.runtime.calls import LlmCaller
+        from wal_engine.runtime.calls import CallDriver, LlmSpec
 
-        return await LlmCaller(self._run, model, function, request, hashed, retry,
-                               timeout_s).drive(outcome)
+        spec = LlmSpec(name=model, function=function, args=request, args_hash=hashed,
+                       retry=retry, timeout_s=timeout_s)
+        return await CallDriver(self._run, spec).drive(outcome)
 
     async def now(self) -> float:
         """Seconds since the epoch, journaled: a replay sees the same value."""
