@@ -284,3 +284,23 @@ class TenantRoleRefused(ConfigurationError):
     def __init__(self, role: str, reason: str) -> None:
         super().__init__(reason)
         self.role = role
+
+
+class ResultTypeError(WalError):
+    """A tool's result or an LLM's response does not convert to the ``result_type`` the
+    call asked for (``ctx.tool(..., result_type=Charge)``). Live, the mismatch is recorded
+    as the call's failure (``error_type`` ``ResultTypeError``, not retried); a re-run or a
+    replay raises it again from the log, and raises it too if a recorded result does not
+    convert to the type today's code asks for.
+
+    Attributes:
+        call_id: The call whose result did not convert.
+        error_type: ``"ResultTypeError"`` (as in the recorded failure).
+        error: What msgspec said was wrong.
+    """
+
+    def __init__(self, call_id: str, error: str) -> None:
+        super().__init__(f"call {call_id} failed: ResultTypeError: {error}")
+        self.call_id = call_id
+        self.error_type = "ResultTypeError"
+        self.error = error

@@ -41,6 +41,7 @@ from wal_engine.errors import (
     DatabaseUnavailable,
     InvalidPayload,
     LeaseLost,
+    ResultTypeError,
     UnknownTask,
 )
 from wal_engine.ids import idempotency_key
@@ -54,10 +55,12 @@ from wal_engine.retries import (
     is_transient,
 )
 from wal_engine.runtime.context import (
+    RESULT_TYPE_ERROR,
     CallTimedOut,
     LlmResponse,
     ToolError,
     call_function,
+    convert_result,
     wait_signal,
 )
 from wal_engine.runtime.control import (
@@ -357,10 +360,30 @@ class CallDriver:
         """Record the result; return it as recorded (redacted), as a replay would."""
         if isinstance(self.spec, LlmSpec):
             return await self._record_response(call_id, attempt, _as_response(result))
-        stored = await self._store(call_id, attempt, ev.ToolCallCompleted(
-            call_id=call_id, result=scrub_values(result, self.secrets_used)))
+        value = scrub_values(result, self.secrets_used)
+        typed = await self._typed(call_id, attempt, value)
+        stored = await self._store(call_id, attempt,
+                                   ev.ToolCallCompleted(call_id=call_id, result=value))
         assert isinstance(stored, ev.ToolCallCompleted)
-        return stored.result
+        return stored.result if typed is _untyped else typed
+
+    async def _typed(self, call_id: str, attempt: int, value: Any) -> Any:
+        """``value`` as recorded, converted to the call's ``result_type`` (``_untyped``
+        without one, or if it cannot be stored: recording then says so). A mismatch is
+        recorded as the call's failure, not retried (the same value would not fit again)."""
+        result_type = self.spec.result_type
+        if result_type is None:
+            return _untyped
+        try:
+            recorded = self.run.redact(value)
+        except InvalidPayload:
+            return _untyped
+        try:
+            return convert_result(call_id, recorded, result_type)
+        except ResultTypeError as error:
+            await self.run.append([self.spec.failed(
+                call_id, attempt, RESULT_TYPE_ERROR, self.run.redact_text(error.error))])
+            raise
 
     async def _record_response(self, call_id: str, attempt: int,
                                response: LlmResponse) -> Any:
@@ -371,13 +394,14 @@ class CallDriver:
             # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
             await self.run.append([self.spec.failed(call_id, attempt, "InvalidUsage", problem)])
             raise ToolError(call_id, "InvalidUsage", problem)
+        content = scrub_values(response.content, self.secrets_used)
+        typed = await self._typed(call_id, attempt, content)
         stored = await self._store(call_id, attempt, ev.LlmCallCompleted(
-            call_id=call_id, response=scrub_values(response.content, self.secrets_used),
-            input_tokens=response.input_tokens, output_tokens=response.output_tokens,
-            cost_usd=response.cost_usd))
+            call_id=call_id, response=content, input_tokens=response.input_tokens,
+            output_tokens=response.output_tokens, cost_usd=response.cost_usd))
         assert isinstance(stored, ev.LlmCallCompleted)
         await self.run.add_tenant_spend(stored.cost_usd)
-        return stored.response
+        return stored.response if typed is _untyped else typed
 
     async def _store(self, call_id: str, attempt: int, success: ev.Event) -> ev.Event:
         """Append ``success``, or a storable failure instead if it cannot be stored (then
@@ -514,6 +538,7 @@ class CallDriver:
 
 
 _none: Final = object()
+_untyped: Final = object()
 
 
 def _doubt_reason(error: BaseException) -> str:

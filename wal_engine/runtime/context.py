@@ -16,7 +16,7 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 import msgspec
 
@@ -27,7 +27,7 @@ from wal_engine import events as ev
 from wal_engine import failpoints
 from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim
-from wal_engine.errors import InvalidInput, WalError
+from wal_engine.errors import InvalidInput, ResultTypeError, WalError
 from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
 from wal_engine.runtime.control import (
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from wal_engine.runtime.ports import Run
 
 UncertainPolicy = Literal["fail", "wait"]
+T = TypeVar("T")
+R = TypeVar("R")
+error_text_max: Final = 2000
 
 
 
@@ -165,12 +168,51 @@ class AgentContext:
 
     # ------------------------------------------------------------------ external calls
 
+    @overload
+    async def tool(
+        self, name: str, function: Callable[..., Any], args: Any = ..., *,
+        result_type: type[R],
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> R: ...
+
+    @overload
+    async def tool(
+        # An async function's result is what it returns once awaited: this overload must
+        # come before the next, which would say the awaitable.
+        self, name: str, function: Callable[..., Awaitable[T]], args: Any = ..., *,
+        result_type: None = ...,
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> T: ...
+
+    @overload
+    async def tool(
+        self, name: str, function: Callable[..., T], args: Any = ..., *,
+        result_type: None = ...,
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> T: ...
+
     async def tool(
         self,
         name: str,
-        function: Callable[[Any], Any],
+        function: Callable[..., Any],
         args: Any = None,
         *,
+        result_type: Any = None,
         idempotent: bool = True,
         retry: RetryPolicy = DEFAULT_POLICY,
         timeout_s: float | None = None,
@@ -198,12 +240,16 @@ class AgentContext:
             on_uncertain: ``"fail"`` the task, or ``"wait"`` for a reconciliation signal.
             lookup: For an in-doubt call: ``await lookup(key)`` returns the callee's recorded
                 result, or None if it never acted (then the call is made again).
+            result_type: A type msgspec converts the result to (a Struct, a dataclass,
+                ``list[int]``...), from the result as recorded, live and on replay alike.
 
         Returns:
-            The tool's result (from the log on replay).
+            The tool's result (from the log on replay), of ``result_type`` if given.
 
         Raises:
             ToolError: the call failed for good.
+            ResultTypeError: the result does not convert to ``result_type`` (recorded as
+                the call's failure, not retried).
         """
         # The log records the redacted arguments (and name), and replay matches on their
         # hash; the function gets the arguments as given, with secret references resolved.
@@ -212,37 +258,53 @@ class AgentContext:
         hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
-            return _recorded(outcome)
+            return _recorded(outcome, result_type)
         from wal_engine.runtime.calls import CallDriver, ToolSpec
 
         spec = ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
                         args_hash=hashed, idempotent=idempotent, retry=retry,
-                        timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup)
+                        timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup,
+                        result_type=result_type)
 
         return await CallDriver(self._run, spec).drive(outcome, approval=approval)
+
+    @overload
+    async def llm(
+        self, model: str, function: Callable[..., Any], request: Any = ..., *,
+        result_type: type[R], retry: RetryPolicy = ..., timeout_s: float | None = ...,
+    ) -> R: ...
+
+    @overload
+    async def llm(
+        self, model: str, function: Callable[..., Any], request: Any = ..., *,
+        result_type: None = ..., retry: RetryPolicy = ..., timeout_s: float | None = ...,
+    ) -> Any: ...
 
     async def llm(
         self,
         model: str,
-        function: Callable[[Any], Any],
+        function: Callable[..., Any],
         request: Any = None,
         *,
+        result_type: Any = None,
         retry: RetryPolicy = DEFAULT_POLICY,
         timeout_s: float | None = None,
     ) -> Any:
         """Call an LLM, journaled: its response and token usage are recorded, so a replay
         never pays for the same tokens twice. ``function(request)`` returns an
-        :class:`LlmResponse` (or a dict with its fields, or a bare response).
+        :class:`LlmResponse` (or a dict with its fields, or a bare response). With
+        ``result_type``, the response's content is converted to it by msgspec, as for
+        :meth:`tool` (a mismatch raises :class:`~wal_engine.errors.ResultTypeError`).
         """
         hashed = args_hash(self._run.redact(request))
         model = self._run.redact_text(model)
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
-            return _recorded(outcome)
+            return _recorded(outcome, result_type)
         from wal_engine.runtime.calls import CallDriver, LlmSpec
 
         spec = LlmSpec(name=model, function=function, args=request, args_hash=hashed,
-                       retry=retry, timeout_s=timeout_s)
+                       retry=retry, timeout_s=timeout_s, result_type=result_type)
         return await CallDriver(self._run, spec).drive(outcome)
 
     async def now(self) -> float:
@@ -447,10 +509,32 @@ def _check_change_id(change_id: str) -> None:
         raise InvalidInput(f"a patch's change id must be 1..{change_id_length_max} characters")
 
 
-def _recorded(outcome: Recorded) -> Any:
-    if outcome.error is not None:
-        raise ToolError(outcome.call_id, outcome.error.error_type, outcome.error.error)
-    return outcome.result
+def _recorded(outcome: Recorded, result_type: Any = None) -> Any:
+    error = outcome.error
+    if error is not None:
+        if error.error_type == RESULT_TYPE_ERROR:
+            raise ResultTypeError(outcome.call_id, error.error)
+        raise ToolError(outcome.call_id, error.error_type, error.error)
+    if result_type is None:
+        return outcome.result
+    return convert_result(outcome.call_id, outcome.result, result_type)
+
+
+RESULT_TYPE_ERROR: Final = ResultTypeError.__name__
+"""The ``error_type`` a call's failure records when its result did not convert."""
+
+
+def convert_result(call_id: str, value: Any, result_type: Any) -> Any:
+    """``value`` (a result as recorded) converted to ``result_type`` by msgspec, from its
+    plain JSON form: live and on replay alike, the code gets the same typed value.
+
+    Raises:
+        ResultTypeError: it does not convert.
+    """
+    try:
+        return msgspec.convert(msgspec.to_builtins(value), result_type)
+    except (msgspec.ValidationError, TypeError) as error:
+        raise ResultTypeError(call_id, str(error)[:error_text_max]) from error
 
 
 def _divergence(run: Run, kind: str, requested: str | None,
