@@ -22,7 +22,6 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
@@ -34,15 +33,10 @@ from wal_engine import events as ev
 from wal_engine import failpoints
 from wal_engine.budgets import BudgetTrip
 from wal_engine.clock import now_ms
-from wal_engine.effects.gateway import Claim, StaleEpoch
+from wal_engine.effects.gateway import Claim
 from wal_engine.errors import (
-    AmbiguousCommit,
-    ConcurrencyConflict,
-    DatabaseUnavailable,
     InvalidPayload,
-    LeaseLost,
     ResultTypeError,
-    UnknownTask,
 )
 from wal_engine.ids import idempotency_key
 from wal_engine.observability import metrics
@@ -74,13 +68,11 @@ from wal_engine.runtime.control import (
     reconcile_signal,
 )
 from wal_engine.security.redaction import (
-    redact_event,
     resolve_secret_refs,
     scrub_values,
     secrets_in,
 )
 from wal_engine.state_machine import Status
-from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
     from wal_engine.runtime.ports import Run
@@ -170,30 +162,32 @@ class LlmSpec(msgspec.Struct, frozen=True, kw_only=True):
 CallSpec = ToolSpec | LlmSpec
 
 
-def _now_ms(run: Run) -> int:
+def wall_ms(run: Run) -> int:
+    """The run's clock in milliseconds since the epoch."""
     return now_ms(run.services.clock)
 
 
-def _intent_seq(run: Run) -> int:
+def intent_seq(run: Run) -> int:
     """The seq the next intent will get (a step_started may go first)."""
     return run.head_seq + (2 if run.status is Status.CHECKPOINTED else 1)
 
 
-def _error_text(run: Run, error: BaseException, secrets: tuple[str, ...]) -> str:
+def error_text(run: Run, error: BaseException, secrets: tuple[str, ...]) -> str:
     """An error's text as the log may hold it: the call's resolved secrets and anything
     credential-like removed, then cut to the bound (in that order: a credential cut in half
     would no longer be recognised)."""
     return run.redact_text(scrub_values(str(error), secrets))[:error_text_max]
 
 
-def _claim(run: Run, key: str) -> Claim:
+def call_claim(run: Run, key: str) -> Claim:
+    """The call in flight as the gateway and ``ctx.call_claim`` see it."""
     return Claim(key=key, owner=run.worker_id, epoch=run.epoch, task_id=run.task_id)
 
 
-async def _wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | None,
+async def wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | None,
                       policy: RetryPolicy) -> None:
     """Wait for a retry's due time: in memory if short, as a durable timer if long."""
-    delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms(run)
+    delay_ms = 0 if due_at_ms is None else due_at_ms - wall_ms(run)
     # The due time was computed on the wall clock of whichever worker recorded the failure;
     # no backoff exceeds the policy's cap, so a skewed clock cannot stretch it (RELIABILITY
     # K1: a worker an hour ahead would otherwise park the retry for an hour).
@@ -207,7 +201,7 @@ async def _wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | Non
     if delay_ms <= 0:
         return
     if delay_ms > policy.durable_after_s * 1000:
-        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=_now_ms(run) + delay_ms,
+        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=wall_ms(run) + delay_ms,
                                           duration_ms=delay_ms)])
         raise Suspended
     await run.services.clock.sleep(delay_ms / 1000)
@@ -250,7 +244,7 @@ class CallDriver:
         await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
 
     async def _first_attempt(self, call_id: str) -> Any:
-        key = idempotency_key(self.run.task_id, _intent_seq(self.run))
+        key = idempotency_key(self.run.task_id, intent_seq(self.run))
         tool = self.spec.kind == "tool"
         if tool:
             failpoints.hit("before_intent_append")
@@ -262,7 +256,7 @@ class CallDriver:
     async def _next_attempt(self, call_id: str, attempt: int, key: str | None,
                             due_at_ms: int | None) -> Any:
         assert key is not None
-        await _wait_until(self.run, call_id, attempt, due_at_ms, self.spec.retry)
+        await wait_until(self.run, call_id, attempt, due_at_ms, self.spec.retry)
         await self._intend(call_id, key, attempt, in_loop=False)
         return await self._attempts(call_id, key, attempt)
 
@@ -291,10 +285,10 @@ class CallDriver:
             retry_at = await self._record_failure(call_id, attempt, failure, verdict)
             if retry_at is None:
                 raise ToolError(call_id, type(failure).__name__,
-                                _error_text(run, failure, self.secrets_used)) from failure
+                                error_text(run, failure, self.secrets_used)) from failure
             _stop_unless_leased(run, failure)
             attempt += 1
-            await _wait_until(run, call_id, attempt, retry_at, spec.retry)
+            await wait_until(run, call_id, attempt, retry_at, spec.retry)
             await self._intend(call_id, key, attempt, in_loop=True)
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
 
@@ -303,7 +297,7 @@ class CallDriver:
         """One attempt: ``(True, result as recorded)``, or ``(False, (error, verdict))``
         for a failure to record."""
         run, spec = self.run, self.spec
-        tokens = current_call_claim.set(_claim(run, key)), lease_check.set(run.lease_trusted)
+        tokens = current_call_claim.set(call_claim(run, key)), lease_check.set(run.lease_trusted)
         try:
             result = await call_function(spec.function, argument, spec.timeout_s, run.executor)
             if spec.kind == "tool":
@@ -335,7 +329,7 @@ class CallDriver:
         await run.append([self.spec.failed(
             call_id, attempt, LeaseExpired.__name__,
             "the lease could not be trusted when the attempt was due: it did not start",
-            retryable=True, retry_at_ms=_now_ms(run))])
+            retryable=True, retry_at_ms=wall_ms(run))])
         run.fence("lease expired by the worker's own clock before an effect")
         raise Fenced
 
@@ -346,10 +340,10 @@ class CallDriver:
         retry_at = None
         if retryable:
             delay_s = backoff_delay_s(spec.retry, run.task_id, run.head_seq, attempt)
-            retry_at = _now_ms(run) + round(delay_s * 1000)
+            retry_at = wall_ms(run) + round(delay_s * 1000)
         await run.append([spec.failed(
             call_id, attempt, type(error).__name__,
-            _error_text(run, error, self.secrets_used), retryable=retryable,
+            error_text(run, error, self.secrets_used), retryable=retryable,
             retry_at_ms=retry_at)])
         log.info(f"{spec.kind}_attempt_failed", task_id=run.task_id, call_id=call_id,
                  attempt=attempt, retryable=retryable, error_type=type(error).__name__)
@@ -472,11 +466,11 @@ class CallDriver:
         thread, or a stopped worker continued), so ``engine.reconcile`` refuses before it."""
         run, spec = self.run, self.spec
         grace_ms = max(round((spec.timeout_s or 0) * 1000), run.lease_ttl_ms)
-        text = None if error is None else _error_text(run, error, self.secrets_used)
+        text = None if error is None else error_text(run, error, self.secrets_used)
         await run.append([ev.ToolCallUncertain(
             call_id=call_id, policy=spec.on_uncertain, reason=reason,
             error_type=None if error is None else type(error).__name__, error=text,
-            not_before_ms=_now_ms(run) + grace_ms)])
+            not_before_ms=wall_ms(run) + grace_ms)])
         log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
                     policy=spec.on_uncertain, reason=reason)
         metrics.call_escalated(spec.kind, reason)
@@ -603,96 +597,3 @@ def _as_response(raw: Any) -> LlmResponse:
             cost_usd=float(raw.get("cost_usd", 0.0)),
         )
     return LlmResponse(content=raw)
-
-
-async def run_transaction(run: Run, outcome: Outcome, name: str,
-                          function: Callable[[Any, Any], Any], args: Any, hashed: str,
-                          policy: RetryPolicy) -> Any:
-    """A DB-local effect: the effect, its dedup row and the result event in one transaction.
-
-    A failed attempt rolled back whole, so it did not act: a transient failure is retried
-    under the same key, any other is recorded and raised as a ``ToolError``. An in-doubt
-    transaction call never committed (the result event would be in the log otherwise), so
-    it is simply run again under the same key.
-    """
-    key: str
-    if isinstance(outcome, Fresh):
-        call_id, attempt = outcome.call_id, 1
-        key = idempotency_key(run.task_id, _intent_seq(run))
-        await run.append([ev.ToolCallIntended(call_id=call_id, tool=name, args=args,
-                                              args_hash=hashed, idempotency_key=key)])
-    else:
-        assert isinstance(outcome, InDoubt | Retry) and outcome.idempotency_key is not None
-        call_id, key, attempt = outcome.call_id, outcome.idempotency_key, outcome.attempt
-        if isinstance(outcome, Retry):
-            await _wait_until(run, call_id, attempt, outcome.due_at_ms, policy)
-            await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
-    for _ in range(attempts_max):
-        try:
-            return await _transaction_attempt(run, call_id, key, function, args)
-        except InvalidPayload as error:
-            # The result cannot be stored, so the transaction rolled back whole: nothing
-            # acted. Recorded as the call's failure, as for a tool (never left pending).
-            await run.append([ev.ToolCallFailed(
-                call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                error="the effect's result cannot be stored", retryable=False)])
-            raise ToolError(call_id, "UnstorableResult", str(error)) from error
-        except _INFRASTRUCTURE:
-            raise
-        except Exception as error:
-            verdict = classify_failure(error, policy, attempt, repeat_safe=True)
-            retry_at = None
-            if verdict is Disposition.RETRY:
-                retry_at = _now_ms(run) + round(1000 * backoff_delay_s(
-                    policy, run.task_id, run.head_seq, attempt))
-            text = _error_text(run, error, ())
-            await run.append([ev.ToolCallFailed(
-                call_id=call_id, attempt=attempt, error=text, error_type=type(error).__name__,
-                retryable=retry_at is not None, retry_at_ms=retry_at)])
-            if retry_at is None:
-                raise ToolError(call_id, type(error).__name__, text) from error
-        attempt += 1
-        await _wait_until(run, call_id, attempt, retry_at, policy)
-        await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
-    raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
-
-
-def _transaction_intent(call_id: str, name: str, args: Any, hashed: str, key: str,
-                        attempt: int) -> ev.ToolCallIntended:
-    return ev.ToolCallIntended(call_id=call_id, tool=name, args=args, args_hash=hashed,
-                               idempotency_key=key, attempt=attempt)
-
-
-async def _transaction_attempt(run: Run, call_id: str, key: str,
-                               function: Callable[[Any, Any], Any], args: Any) -> Any:
-    """One attempt of a DB-local effect, its dedup row and its result event."""
-    pending: dict[str, Any] = {}
-
-    async def record(connection: Any, result: Any) -> None:
-        # Appended outside TaskRun.append, so redacted here (the gateway already did: kept
-        # as a second line, it changes nothing then).
-        event = redact_event(ev.ToolCallCompleted(call_id=call_id, result=result),
-                             run.redactor, bytes_max=run.services.store.payload_bytes_max)
-        encoded = [ev.encode_event(event, payload_bytes_max=run.services.store.payload_bytes_max)]
-        pending["append"] = await run.services.store.append_events(
-            run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,
-            prev_hash=run.head_hash, connection=connection, encoded=encoded)
-        pending["event"] = event
-
-    claim = _claim(run, key)
-    # Like a tool, the effect can read its key and epoch (ctx.idempotency_key, current_call).
-    token = current_call_claim.set(claim)
-    try:
-        result = await run.services.gateway.run_in_transaction(
-            claim, lambda connection: function(connection, args), record)
-    finally:
-        current_call_claim.reset(token)
-    if "append" in pending:
-        run.adopt_append(pending["event"], pending["append"])
-    return result
-
-
-_INFRASTRUCTURE: Final = (ToolError, LeaseLost, ConcurrencyConflict, UnknownTask, StaleEpoch,
-                          DatabaseUnavailable, AmbiguousCommit, *CONNECTION_ERRORS)
-"""Failures of a DB-local effect that are the engine's, not the effect's: the run handles
-them (fenced, interrupted), they are never recorded as the call's failure."""

@@ -476,7 +476,7 @@ class AgentContext:
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return _recorded(outcome)
-        from wal_engine.runtime.calls import run_transaction
+        from wal_engine.runtime.transaction import run_transaction
 
         return await run_transaction(self._run, outcome, name, function, args, hashed, retry)
 

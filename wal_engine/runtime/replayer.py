@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import msgspec
 import orjson
@@ -53,8 +53,8 @@ from wal_engine.state_machine import Status
 from wal_engine.store import Store
 
 if TYPE_CHECKING:
-    from wal_engine.engine import Engine
     from wal_engine.runtime.context import AgentContext
+    from wal_engine.store import Database
 
 replay_timeout_s_default: Final = 60.0
 """Longest a replay may run; agent code that waits on something outside ``ctx`` stops."""
@@ -65,6 +65,20 @@ CODE_ENDED_FAILURE: Final = "agent_error"
 AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 ProgressCallback = Callable[[str, int, int], None]
 """``(phase, done, total)``: phase ``events`` while the log is read, ``calls`` while replaying."""
+
+
+class ReplaySource(Protocol):
+    """What a replay reads of an engine (:class:`~wal_engine.engine.Engine` is one): its
+    store, its session pool and its registered agents, which are the code checked."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def database(self) -> Database: ...
+
+    @property
+    def agents(self) -> Mapping[str, Any]: ...
 
 
 class ReplayFinished(BaseException):
@@ -512,7 +526,7 @@ async def fold_history(store: Store, task_id: str, *,
 
 
 async def check_history(
-    source: Engine | Store,
+    source: ReplaySource | Store,
     task_id: str,
     agents: Mapping[str, Any] | None = None,
     *,
@@ -575,7 +589,7 @@ def runs_version(definition: Any, version: str | None) -> bool:
     return version is None or runs is None or version in runs
 
 
-async def check_tasks(engine: Engine, *, since: Any = None, finished_sample: int = 20,
+async def check_tasks(engine: ReplaySource, *, since: Any = None, finished_sample: int = 20,
                       timeout_s: float = replay_timeout_s_default,
                       on_task: Callable[[ReplayReport], None] | None = None) -> DeployCheck:
     """Replay every live task, and the ``finished_sample`` most recently finished ones, of
