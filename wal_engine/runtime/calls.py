@@ -355,19 +355,18 @@ class CallDriver:
         if isinstance(self.spec, LlmSpec):
             return await self._record_response(call_id, attempt, _as_response(result))
         value = scrub_values(result, self.secrets_used)
-        typed = await self._typed(call_id, attempt, value)
+        typed = _untyped if self.spec.result_type is None else await self._typed(
+            call_id, attempt, value)
         stored = await self._store(call_id, attempt,
                                    ev.ToolCallCompleted(call_id=call_id, result=value))
         assert isinstance(stored, ev.ToolCallCompleted)
         return stored.result if typed is _untyped else typed
 
     async def _typed(self, call_id: str, attempt: int, value: Any) -> Any:
-        """``value`` as recorded, converted to the call's ``result_type`` (``_untyped``
-        without one, or if it cannot be stored: recording then says so). A mismatch is
-        recorded as the call's failure, not retried (the same value would not fit again)."""
+        """``value`` as recorded, converted to the call's ``result_type`` (``_untyped`` if
+        it cannot be stored: recording then says so). A mismatch is recorded as the call's
+        failure, not retried (the same value would not fit again)."""
         result_type = self.spec.result_type
-        if result_type is None:
-            return _untyped
         try:
             recorded = self.run.redact(value)
         except InvalidPayload:
@@ -389,7 +388,8 @@ class CallDriver:
             await self.run.append([self.spec.failed(call_id, attempt, "InvalidUsage", problem)])
             raise ToolError(call_id, "InvalidUsage", problem)
         content = scrub_values(response.content, self.secrets_used)
-        typed = await self._typed(call_id, attempt, content)
+        typed = _untyped if self.spec.result_type is None else await self._typed(
+            call_id, attempt, content)
         stored = await self._store(call_id, attempt, ev.LlmCallCompleted(
             call_id=call_id, response=content, input_tokens=response.input_tokens,
             output_tokens=response.output_tokens, cost_usd=response.cost_usd))
