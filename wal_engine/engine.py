@@ -16,6 +16,7 @@ import structlog
 
 from replay.state import CallStatus
 from wal_engine import limits
+from wal_engine.clock import SYSTEM_CLOCK, SYSTEM_RANDOM, Clock, RandomSource
 from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
@@ -28,9 +29,12 @@ from wal_engine.errors import (
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
 from wal_engine.payloads import encode_payload
+from wal_engine.runtime.control import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
+from wal_engine.runtime.control import approval_signal, reconcile_signal
 from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
+from wal_engine.runtime.ports import RunServices
+from wal_engine.runtime.registry import runnable_versions
 from wal_engine.runtime.resume import SnapshotPolicy
-from wal_engine.runtime.run import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.runtime.worker import Worker, WorkerConfig
 from wal_engine.security.redaction import (
     Redactor,
@@ -127,6 +131,13 @@ class Engine:
         self.committer = GroupCommitter(self.store)
         self.gateway = IdempotencyGateway(database, redactor=self.redactor)
         self.agents: dict[str, AgentDefinition] = {}
+        self.clock: Clock = SYSTEM_CLOCK
+        """The clock of the runs of workers built from now on (``ctx.now()``, retry due
+        times and in-memory backoff, runtime budgets): a test may put a
+        :class:`wal_engine.testing.ManualClock` here before :meth:`worker`. Leases and
+        durable timers are timed by the database's clock, never by this one."""
+        self.random: RandomSource = SYSTEM_RANDOM
+        """The source of ``ctx.random()`` for runs of workers built from now on."""
 
     # ------------------------------------------------------------------ agents
 
@@ -173,13 +184,7 @@ class Engine:
     def runnable_versions(self) -> tuple[list[str], list[str]]:
         """``(agents, versions)``: every agent and version this engine's code can run, as
         the claim statement takes them (each agent's own version first)."""
-        agents: list[str] = []
-        versions: list[str] = []
-        for name in sorted(self.agents):
-            for version in self.agents[name].runs:
-                agents.append(name)
-                versions.append(version)
-        return agents, versions
+        return runnable_versions(self.agents)
 
     # ------------------------------------------------------------------ tasks
 
@@ -261,7 +266,7 @@ class Engine:
             args_hash = request.args_hash
         payload = {"approved": approved, "approver": approver, "args_hash": args_hash,
                    "comment": comment}
-        return await self._signal(task_id, f"~approval:{call_id}", payload)
+        return await self._signal(task_id, approval_signal(call_id), payload)
 
     async def reconcile(self, task_id: str, call_id: str, *, result: Any = None,
                         error: str | None = None, force: bool = False) -> int:
@@ -276,7 +281,7 @@ class Engine:
         """
         await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}
-        name = f"~reconcile:{call_id}"
+        name = reconcile_signal(call_id)
         # One answer per call (the dedup key): a second reconciliation sent before the
         # task took the first used to be accepted too, and silently never read.
         signal_id = await self._signal(task_id, name, payload, dedup_key=name)
@@ -392,7 +397,19 @@ class Engine:
         (not both: :class:`~wal_engine.errors.ConfigurationError`)."""
         if not self.agents:
             raise ConfigurationError("register at least one agent before starting a worker")
-        return Worker(self, _worker_config(config, options), worker_id)
+        return Worker(self.run_services(), self.agents, _worker_config(config, options),
+                      worker_id)
+
+    def run_services(self) -> RunServices:
+        """What the runs of a worker use of this engine (its store, group commit, gateway,
+        redactor, secrets, snapshot policy, caps, clock and random source), as of now."""
+        return RunServices(
+            database=self.database, store=self.store, committer=self.committer,
+            gateway=self.gateway, redactor=self.redactor, secrets=self.secrets,
+            snapshot_policy=self.snapshot_policy,
+            recovery_attempts_max=self.recovery_attempts_max,
+            llm_spend_max_usd=self.llm_spend_max_usd, wake_token=self.wake_token,
+            clock=self.clock, random=self.random)
 
     async def close(self) -> None:
         """Flush pending appends and close the pool."""

@@ -584,3 +584,21 @@ class NonDeterminismError(WalError):
             f"the history recorded {recorded}, the code asked for {requested}; "
             f"fork at seq {self.fork_point} to continue with today's code"
         )
+
+
+class ResultTypeError(ToolError):
+    """A tool's result or an LLM's response does not convert to the ``result_type`` the
+    call asked for (``ctx.tool(..., result_type=Charge)``). Live, the mismatch is recorded
+    as the call's failure (``error_type`` ``ResultTypeError``, not retried); a re-run or a
+    replay raises it again from the log, and raises it too if a recorded result does not
+    convert to the type today's code asks for. A :class:`ToolError`, so ``except
+    ToolError`` catches it like any failed call.
+
+    Attributes:
+        call_id: The call whose result did not convert.
+        error_type: ``"ResultTypeError"`` (as in the recorded failure).
+        error: What msgspec said was wrong.
+    """
+
+    def __init__(self, call_id: str, error: str) -> None:
+        super().__init__(call_id, "ResultTypeError", error)

@@ -1,9 +1,9 @@
 """The public API is pinned: removing or renaming an export, or changing a signature, is a
 visible, deliberate change. Update a table below only for a change you mean to publish.
 
-``AgentContext`` (``ctx.tool``, ``ctx.llm`` and the rest) is not pinned here yet: its
-methods gain ``result_type=`` in another change of issue 19; the lead adds its table (and
-``AgentContext.tool`` / ``AgentContext.llm``) after merging both."""
+``AgentContext`` (``ctx``) is pinned by the signatures of its implementations; the typed
+overloads of ``ctx.tool`` and ``ctx.llm`` (``result_type=``, the tool's return type) are
+checked by mypy in ``tests/integration/test_runtime_typing.py``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ EXPECTED = {
 PUBLIC_FUNCTIONS = ("connect", "current_call", "ensure_lease", "lease_valid", "secret_ref")
 PUBLIC_CLASSES = ("Budget", "EngineConfig", "LlmResponse", "PlanNode", "RetryPolicy",
                   "WorkerConfig")
-CLASSES_WITH_METHODS = ("Engine", "Worker")
+CLASSES_WITH_METHODS = ("AgentContext", "Engine", "Worker")
 
 
 def _text(value: Any) -> str:
@@ -240,6 +240,45 @@ SIGNATURES = {
     'ensure_lease': "() -> 'None'",
     'lease_valid': "() -> 'bool'",
     'secret_ref': "(name: 'str') -> 'dict[str, str]'",
+    'AgentContext.checkpoint': "(self, next_action: 'Any' = None) -> 'None'",
+    'AgentContext.complete_node': "(self, node_id: 'str') -> 'None'",
+    'AgentContext.deprecate_patch': "(self, change_id: 'str') -> 'None'",
+    'AgentContext.ensure_lease': "(self) -> 'None'",
+    'AgentContext.finish_commands': "(self) -> 'None'",
+    'AgentContext.lease_valid': "(self) -> 'bool'",
+    'AgentContext.llm': (
+        "(self, model: 'str', function: 'Callable[..., Any]', request: 'Any' = None, *, "
+        "result_type: 'Any' = None, retry: 'RetryPolicy' = RetryPolicy(max_attempts=3, "
+        'initial_delay_s=0.5, multiplier=2.0, max_delay_s=60.0, durable_after_s=5.0, '
+        "retry_on=(), did_not_act_on=()), timeout_s: 'float | None' = None) -> 'Any'"
+    ),
+    'AgentContext.message': (
+        "(self, role: 'str', content: 'Any', *, name: 'str | None' = None) -> 'None'"
+    ),
+    'AgentContext.now': "(self) -> 'float'",
+    'AgentContext.patched': "(self, change_id: 'str') -> 'bool'",
+    'AgentContext.plan': "(self, nodes: 'list[ev.PlanNode]') -> 'None'",
+    'AgentContext.random': "(self) -> 'float'",
+    'AgentContext.set_env': "(self, **values: 'str | None') -> 'None'",
+    'AgentContext.sleep': "(self, seconds: 'float') -> 'None'",
+    'AgentContext.tool': (
+        "(self, name: 'str', function: 'Callable[..., Any]', args: 'Any' = None, *, "
+        "result_type: 'Any' = None, idempotent: 'bool' = True, retry: 'RetryPolicy' = "
+        'RetryPolicy(max_attempts=3, initial_delay_s=0.5, multiplier=2.0, max_delay_s=60.0, '
+        "durable_after_s=5.0, retry_on=(), did_not_act_on=()), timeout_s: 'float | None' = "
+        "None, approval: 'bool' = False, on_uncertain: 'UncertainPolicy' = 'fail', lookup: "
+        "'Callable[[str], Awaitable[Any]] | None' = None) -> 'Any'"
+    ),
+    'AgentContext.transaction': (
+        "(self, name: 'str', function: 'Callable[[Any, Any], Awaitable[Any]]', args: 'Any' = "
+        "None, *, retry: 'RetryPolicy' = RetryPolicy(max_attempts=3, initial_delay_s=0.5, "
+        'multiplier=2.0, max_delay_s=60.0, durable_after_s=5.0, retry_on=(), '
+        "did_not_act_on=())) -> 'Any'"
+    ),
+    'AgentContext.wait_for_signal': (
+        "(self, name: 'str', *, timeout_s: 'float | None' = None) -> 'Any'"
+    ),
+    'Engine.run_services': "(self) -> 'RunServices'",
 }
 
 TESTING_SIGNATURES = {
@@ -304,11 +343,6 @@ TESTING_SIGNATURES = {
         "(database: 'Database', rows: 'Sequence[EffectRow] | None' = None, *, "
         "completed_tools: 'dict[str, str] | None' = None) -> 'list[Violation]'"
     ),
-    'check_history': (
-        "(source: 'Engine | Store', task_id: 'str', agents: 'Mapping[str, Any] | None' = "
-        "None, *, timeout_s: 'float' = 60.0, on_progress: 'ProgressCallback | None' = None) "
-        "-> 'ReplayReport'"
-    ),
     'check_log': (
         "(database: 'Database', task_ids: 'Sequence[str] | None' = None) -> 'list[Violation]'"
     ),
@@ -357,5 +391,11 @@ TESTING_SIGNATURES = {
         "timeout_s: 'float' = 30.0, **timings: 'Any') -> 'Worker'"
     ),
     'start_test_server': "() -> 'TestServer'",
+    'ManualClock': "(start_s: 'float' = 1800000000.0) -> 'None'",
+    'check_history': (
+        "(source: 'ReplaySource | Store', task_id: 'str', agents: 'Mapping[str, Any] | None' "
+        "= None, *, timeout_s: 'float' = 60.0, on_progress: 'ProgressCallback | None' = "
+        "None) -> 'ReplayReport'"
+    ),
 }
 

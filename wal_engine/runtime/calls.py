@@ -21,26 +21,24 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+import msgspec
 import structlog
 
 from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallKind, CallStatus
 from wal_engine import events as ev
 from wal_engine import failpoints
-from wal_engine.effects.gateway import Claim, StaleEpoch
+from wal_engine.budgets import BudgetTrip
+from wal_engine.clock import now_ms
+from wal_engine.effects.gateway import Claim
 from wal_engine.errors import (
-    AmbiguousCommit,
-    ConcurrencyConflict,
-    DatabaseUnavailable,
+    CallTimedOut,
     InvalidPayload,
-    LeaseLost,
-    UnknownTask,
+    ResultTypeError,
+    ToolError,
 )
 from wal_engine.ids import idempotency_key
 from wal_engine.observability import metrics
@@ -52,28 +50,32 @@ from wal_engine.retries import (
     classify_failure,
     is_transient,
 )
-from wal_engine.runtime.context import (
-    CallTimedOut,
+from wal_engine.runtime.control import (
+    RETRY_TIMER_PREFIX,
+    Fenced,
+    Finished,
+    Suspended,
+    approval_signal,
+    current_call_claim,
+    lease_check,
+    reconcile_signal,
+)
+from wal_engine.runtime.steps import (
+    RESULT_TYPE_ERROR,
     LlmResponse,
-    ToolError,
-    _current_call,
-    _lease_check,
-    _ToolSpec,
     call_function,
+    convert_result,
     wait_signal,
 )
-from wal_engine.runtime.run import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.security.redaction import (
-    redact_event,
     resolve_secret_refs,
     scrub_values,
     secrets_in,
 )
 from wal_engine.state_machine import Status
-from wal_engine.store.connection import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
-    from wal_engine.runtime.run import TaskRun
+    from wal_engine.runtime.ports import Run
 
 log = structlog.get_logger(__name__)
 
@@ -82,35 +84,115 @@ attempts_max: Final = 1000
 """Bound on the retry loop of one call (the policy's max_attempts is far lower)."""
 
 
-def _now_ms() -> int:
-    return round(time.time() * 1000)
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``ctx.tool`` call as the driver makes it: the arguments as given (``args``) and
+    as recorded (``stored_args``, redacted, and their hash), and the call's options."""
+
+    name: str
+    function: Any
+    args: Any
+    stored_args: Any
+    args_hash: str
+    idempotent: bool
+    retry: RetryPolicy
+    timeout_s: float | None
+    on_uncertain: str
+    lookup: Any
+    result_type: Any = None
+
+    kind: ClassVar[str] = "tool"
+    intent_redacted: ClassVar[bool] = True
+    """The intent carries ``stored_args``, already redacted."""
+
+    def intent(self, call_id: str, key: str, attempt: int) -> ev.Event:
+        """The intent, from the arguments as already redacted (``stored_args``)."""
+        return ev.ToolCallIntended(
+            call_id=call_id, tool=self.name, args=self.stored_args, args_hash=self.args_hash,
+            idempotency_key=key, idempotent=self.idempotent, attempt=attempt)
+
+    def failed(self, call_id: str, attempt: int, error_type: str, error: str, *,
+               retryable: bool = False, retry_at_ms: int | None = None) -> ev.Event:
+        """An attempt's failure, as recorded."""
+        return ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type=error_type,
+                                 error=error, retryable=retryable, retry_at_ms=retry_at_ms)
+
+    async def budget_trip(self, run: Run, *, in_loop: bool) -> BudgetTrip | None:
+        """The budget an attempt would trip (a retry within one run is not checked again:
+        the call's first attempt was)."""
+        return None if in_loop else run.check_budget(planned_tool_calls=1)
 
 
-def _intent_seq(run: TaskRun) -> int:
+class LlmSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``ctx.llm`` call as the driver makes it. An LLM call is always safe to repeat
+    under its key (it only costs tokens; the recorded response wins)."""
+
+    name: str
+    """The model."""
+    function: Any
+    args: Any
+    """The request as given."""
+    args_hash: str
+    retry: RetryPolicy
+    timeout_s: float | None
+    result_type: Any = None
+
+    kind: ClassVar[str] = "llm"
+    intent_redacted: ClassVar[bool] = False
+    idempotent: ClassVar[bool] = True
+    lookup: ClassVar[None] = None
+    on_uncertain: ClassVar[str] = "fail"
+
+    def intent(self, call_id: str, key: str, attempt: int) -> ev.Event:
+        """The intent (the request is redacted as it is appended)."""
+        return ev.LlmCallIntended(call_id=call_id, model=self.name, request=self.args,
+                                  request_hash=self.args_hash, idempotency_key=key,
+                                  attempt=attempt)
+
+    def failed(self, call_id: str, attempt: int, error_type: str, error: str, *,
+               retryable: bool = False, retry_at_ms: int | None = None) -> ev.Event:
+        """An attempt's failure, as recorded."""
+        return ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type=error_type,
+                                error=error, retryable=retryable, retry_at_ms=retry_at_ms)
+
+    async def budget_trip(self, run: Run, *, in_loop: bool) -> BudgetTrip | None:
+        """The task's budget, then the tenant's LLM spend cap, before every attempt."""
+        return run.check_budget() or await run.check_tenant_spend()
+
+
+CallSpec = ToolSpec | LlmSpec
+
+
+def wall_ms(run: Run) -> int:
+    """The run's clock in milliseconds since the epoch."""
+    return now_ms(run.services.clock)
+
+
+def intent_seq(run: Run) -> int:
     """The seq the next intent will get (a step_started may go first)."""
     return run.head_seq + (2 if run.status is Status.CHECKPOINTED else 1)
 
 
-def _error_text(run: TaskRun, error: BaseException, secrets: tuple[str, ...]) -> str:
+def error_text(run: Run, error: BaseException, secrets: tuple[str, ...]) -> str:
     """An error's text as the log may hold it: the call's resolved secrets and anything
     credential-like removed, then cut to the bound (in that order: a credential cut in half
     would no longer be recognised)."""
     return run.redact_text(scrub_values(str(error), secrets))[:error_text_max]
 
 
-def _claim(run: TaskRun, key: str) -> Claim:
-    return Claim(key=key, owner=run.worker.worker_id, epoch=run.epoch, task_id=run.task_id)
+def call_claim(run: Run, key: str) -> Claim:
+    """The call in flight as the gateway and ``ctx.call_claim`` see it."""
+    return Claim(key=key, owner=run.worker_id, epoch=run.epoch, task_id=run.task_id)
 
 
-async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int | None,
+async def wait_until(run: Run, call_id: str, attempt: int, due_at_ms: int | None,
                       policy: RetryPolicy) -> None:
     """Wait for a retry's due time: in memory if short, as a durable timer if long."""
-    delay_ms = 0 if due_at_ms is None else due_at_ms - _now_ms()
+    delay_ms = 0 if due_at_ms is None else due_at_ms - wall_ms(run)
     # The due time was computed on the wall clock of whichever worker recorded the failure;
     # no backoff exceeds the policy's cap, so a skewed clock cannot stretch it (RELIABILITY
     # K1: a worker an hour ahead would otherwise park the retry for an hour).
     delay_ms = min(delay_ms, round(policy.max_delay_s * 1000))
-    timer_id = f"{INTERNAL_PREFIX}retry:{call_id}:{attempt}"
+    timer_id = f"{RETRY_TIMER_PREFIX}{call_id}:{attempt}"
     timer = run.view.calls.get(timer_id)
     if timer is not None:
         if timer.status is CallStatus.PENDING:
@@ -119,23 +201,29 @@ async def _wait_until(run: TaskRun, call_id: str, attempt: int, due_at_ms: int |
     if delay_ms <= 0:
         return
     if delay_ms > policy.durable_after_s * 1000:
-        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=_now_ms() + delay_ms,
+        await run.append([ev.TimerStarted(timer_id=timer_id, wake_at_ms=wall_ms(run) + delay_ms,
                                           duration_ms=delay_ms)])
         raise Suspended
-    await asyncio.sleep(delay_ms / 1000)
+    await run.services.clock.sleep(delay_ms / 1000)
     run.check_live()
 
 
-class ToolCaller:
-    """One tool call through intent, attempts and outcome."""
+class CallDriver:
+    """One external call, a tool's or an LLM's, through intent, attempts and outcome.
 
-    def __init__(self, run: TaskRun, spec: _ToolSpec) -> None:
+    The kind of call (``spec``) says what differs: the events it writes, the budgets checked
+    before an attempt, whether a repeat is safe (an LLM call's always is), and how a result
+    is recorded. Everything else, the attempt loop, failure recording, backoff, lease checks
+    and secret resolution, is the same for both.
+    """
+
+    def __init__(self, run: Run, spec: CallSpec) -> None:
         self.run = run
         self.spec = spec
         self.secrets_used: tuple[str, ...] = ()
         """Values of the secret references resolved for the attempt in flight."""
 
-    async def drive(self, outcome: Outcome, *, approval: bool) -> Any:
+    async def drive(self, outcome: Outcome, *, approval: bool = False) -> Any:
         """Drive the call from the journal's answer to its outcome."""
         if isinstance(outcome, Fresh):
             if approval:
@@ -147,34 +235,29 @@ class ToolCaller:
         assert isinstance(outcome, InDoubt)
         return await self._in_doubt(outcome)
 
-    async def _first_attempt(self, call_id: str) -> Any:
-        run = self.run
-        trip = run.check_budget(planned_tool_calls=1)
+    async def _intend(self, call_id: str, key: str, attempt: int, *, in_loop: bool) -> None:
+        """Check the budgets, then append the attempt's intent."""
+        run, spec = self.run, self.spec
+        trip = await spec.budget_trip(run, in_loop=in_loop)
         if trip is not None:
             await run.fail_budget(trip)
-        key = idempotency_key(run.task_id, _intent_seq(run))
-        failpoints.hit("before_intent_append")
-        await run.append([self._intent(call_id, key, 1)], redacted=True)
-        failpoints.hit("after_intent_commit")
-        return await self._attempts(call_id, key, 1)
+        await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
 
-    def _intent(self, call_id: str, key: str, attempt: int) -> ev.ToolCallIntended:
-        """The intent, from the arguments as already redacted (``spec.stored_args``)."""
-        spec = self.spec
-        return ev.ToolCallIntended(
-            call_id=call_id, tool=spec.name, args=spec.stored_args, args_hash=spec.args_hash,
-            idempotency_key=key, idempotent=spec.idempotent, attempt=attempt,
-        )
+    async def _first_attempt(self, call_id: str) -> Any:
+        key = idempotency_key(self.run.task_id, intent_seq(self.run))
+        tool = self.spec.kind == "tool"
+        if tool:
+            failpoints.hit("before_intent_append")
+        await self._intend(call_id, key, 1, in_loop=False)
+        if tool:
+            failpoints.hit("after_intent_commit")
+        return await self._attempts(call_id, key, 1)
 
     async def _next_attempt(self, call_id: str, attempt: int, key: str | None,
                             due_at_ms: int | None) -> Any:
-        run = self.run
         assert key is not None
-        await _wait_until(run, call_id, attempt, due_at_ms, self.spec.retry)
-        trip = run.check_budget(planned_tool_calls=1)
-        if trip is not None:
-            await run.fail_budget(trip)
-        await run.append([self._intent(call_id, key, attempt)], redacted=True)
+        await wait_until(self.run, call_id, attempt, due_at_ms, self.spec.retry)
+        await self._intend(call_id, key, attempt, in_loop=False)
         return await self._attempts(call_id, key, attempt)
 
     async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
@@ -185,46 +268,56 @@ class ToolCaller:
             try:
                 # Secret references are resolved at call time, for this attempt only. Their
                 # values, and those redacted from the arguments by key name, are scrubbed
-                # from the outcome too: a tool may echo them. A failure here happens
-                # before the tool runs: it did not act.
+                # from the outcome too: a callee may echo them. A failure here happens
+                # before the call: it did not act.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
-                argument, resolved = await resolve_secret_refs(spec.args, run.engine.secrets)
+                argument, resolved = await resolve_secret_refs(spec.args, run.services.secrets)
                 self.secrets_used += resolved
             except Exception as error:
                 failure: Exception = error
                 verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
             else:
                 await self._ensure_lease(call_id, attempt)
-                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
-                try:
-                    result = await call_function(spec.function, argument, spec.timeout_s,
-                                                 run.executor)
-                    failpoints.hit("after_effect_before_result")
-                except Exception as error:
-                    failure = error
-                    verdict = classify_failure(error, spec.retry, attempt,
-                                               repeat_safe=spec.idempotent)
-                    if verdict is Disposition.IN_DOUBT:
-                        found, value = await self._resolve_doubt(call_id, key, attempt, error)
-                        if found:
-                            return value
-                        verdict = value
-                else:
-                    recorded = await self._record_result(call_id, attempt, result)
-                    failpoints.hit("after_result_commit")
-                    return recorded
-                finally:
-                    _current_call.reset(tokens[0])
-                    _lease_check.reset(tokens[1])
+                found, value = await self._attempt(call_id, key, attempt, argument)
+                if found:
+                    return value
+                failure, verdict = value
             retry_at = await self._record_failure(call_id, attempt, failure, verdict)
             if retry_at is None:
                 raise ToolError(call_id, type(failure).__name__,
-                                _error_text(run, failure, self.secrets_used)) from failure
+                                error_text(run, failure, self.secrets_used)) from failure
             _stop_unless_leased(run, failure)
             attempt += 1
-            await _wait_until(run, call_id, attempt, retry_at, spec.retry)
-            await run.append([self._intent(call_id, key, attempt)], redacted=True)
+            await wait_until(run, call_id, attempt, retry_at, spec.retry)
+            await self._intend(call_id, key, attempt, in_loop=True)
         raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
+
+    async def _attempt(self, call_id: str, key: str, attempt: int,
+                       argument: Any) -> tuple[bool, Any]:
+        """One attempt: ``(True, result as recorded)``, or ``(False, (error, verdict))``
+        for a failure to record."""
+        run, spec = self.run, self.spec
+        tokens = current_call_claim.set(call_claim(run, key)), lease_check.set(run.lease_trusted)
+        try:
+            result = await call_function(spec.function, argument, spec.timeout_s, run.executor)
+            if spec.kind == "tool":
+                failpoints.hit("after_effect_before_result")
+        except Exception as error:
+            verdict = classify_failure(error, spec.retry, attempt,
+                                       repeat_safe=spec.idempotent)
+            if verdict is Disposition.IN_DOUBT:
+                found, value = await self._resolve_doubt(call_id, key, attempt, error)
+                if found:
+                    return True, value
+                verdict = value
+            return False, (error, verdict)
+        finally:
+            current_call_claim.reset(tokens[0])
+            lease_check.reset(tokens[1])
+        recorded = await self._record_result(call_id, attempt, result)
+        if spec.kind == "tool":
+            failpoints.hit("after_result_commit")
+        return True, recorded
 
     async def _ensure_lease(self, call_id: str, attempt: int) -> None:
         """Start no effect on a lease this worker can no longer trust: record the attempt as
@@ -233,28 +326,86 @@ class ToolCaller:
         if run.lease_trusted():
             return
         run.log.warning("effect_not_started", call_id=call_id, reason="lease_untrusted")
-        await run.append([ev.ToolCallFailed(
-            call_id=call_id, attempt=attempt, error_type=LeaseExpired.__name__,
-            error="the lease could not be trusted when the attempt was due: it did not start",
-            retryable=True, retry_at_ms=_now_ms())])
+        await run.append([self.spec.failed(
+            call_id, attempt, LeaseExpired.__name__,
+            "the lease could not be trusted when the attempt was due: it did not start",
+            retryable=True, retry_at_ms=wall_ms(run))])
         run.fence("lease expired by the worker's own clock before an effect")
         raise Fenced
 
     async def _record_failure(self, call_id: str, attempt: int, error: Exception,
                               verdict: Disposition) -> int | None:
-        run, policy = self.run, self.spec.retry
+        run, spec = self.run, self.spec
         retryable = verdict is Disposition.RETRY
         retry_at = None
         if retryable:
-            delay_s = backoff_delay_s(policy, run.task_id, run.head_seq, attempt)
-            retry_at = _now_ms() + round(delay_s * 1000)
-        await run.append([ev.ToolCallFailed(
-            call_id=call_id, attempt=attempt, error=_error_text(run, error, self.secrets_used),
-            error_type=type(error).__name__, retryable=retryable, retry_at_ms=retry_at)])
-        log.info("tool_attempt_failed", task_id=run.task_id, call_id=call_id, attempt=attempt,
-                 retryable=retryable, error_type=type(error).__name__)
-        metrics.call_failed("tool", retryable)
+            delay_s = backoff_delay_s(spec.retry, run.task_id, run.head_seq, attempt)
+            retry_at = wall_ms(run) + round(delay_s * 1000)
+        await run.append([spec.failed(
+            call_id, attempt, type(error).__name__,
+            error_text(run, error, self.secrets_used), retryable=retryable,
+            retry_at_ms=retry_at)])
+        log.info(f"{spec.kind}_attempt_failed", task_id=run.task_id, call_id=call_id,
+                 attempt=attempt, retryable=retryable, error_type=type(error).__name__)
+        metrics.call_failed(spec.kind, retryable)
         return retry_at
+
+    async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
+        """Record the result; return it as recorded (redacted), as a replay would."""
+        if isinstance(self.spec, LlmSpec):
+            return await self._record_response(call_id, attempt, _as_response(result))
+        value = scrub_values(result, self.secrets_used)
+        typed = _untyped if self.spec.result_type is None else await self._typed(
+            call_id, attempt, value)
+        stored = await self._store(call_id, attempt,
+                                   ev.ToolCallCompleted(call_id=call_id, result=value))
+        assert isinstance(stored, ev.ToolCallCompleted)
+        return stored.result if typed is _untyped else typed
+
+    async def _typed(self, call_id: str, attempt: int, value: Any) -> Any:
+        """``value`` as recorded, converted to the call's ``result_type`` (``_untyped`` if
+        it cannot be stored: recording then says so). A mismatch is recorded as the call's
+        failure, not retried (the same value would not fit again)."""
+        result_type = self.spec.result_type
+        try:
+            recorded = self.run.redact(value)
+        except InvalidPayload:
+            return _untyped
+        try:
+            return convert_result(call_id, recorded, result_type)
+        except ResultTypeError as error:
+            await self.run.append([self.spec.failed(
+                call_id, attempt, RESULT_TYPE_ERROR, self.run.redact_text(error.error))])
+            raise
+
+    async def _record_response(self, call_id: str, attempt: int,
+                               response: LlmResponse) -> Any:
+        """Record an LLM response and its usage; return its content as recorded."""
+        problem = _usage_problem(response)
+        if problem is not None:
+            # Negative usage would be added to the task's totals and offset the budget
+            # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
+            await self.run.append([self.spec.failed(call_id, attempt, "InvalidUsage", problem)])
+            raise ToolError(call_id, "InvalidUsage", problem)
+        content = scrub_values(response.content, self.secrets_used)
+        typed = _untyped if self.spec.result_type is None else await self._typed(
+            call_id, attempt, content)
+        stored = await self._store(call_id, attempt, ev.LlmCallCompleted(
+            call_id=call_id, response=content, input_tokens=response.input_tokens,
+            output_tokens=response.output_tokens, cost_usd=response.cost_usd))
+        assert isinstance(stored, ev.LlmCallCompleted)
+        await self.run.add_tenant_spend(stored.cost_usd)
+        return stored.response if typed is _untyped else typed
+
+    async def _store(self, call_id: str, attempt: int, success: ev.Event) -> ev.Event:
+        """Append ``success``, or a storable failure instead if it cannot be stored (then
+        raise); return ``success`` as recorded."""
+        what = "the tool's result" if self.spec.kind == "tool" else "the LLM response"
+        stored = await self.run.store_result_or_failure(success, self.spec.failed(
+            call_id, attempt, "UnstorableResult", f"{what} cannot be stored"))
+        if stored is None:
+            raise ToolError(call_id, "UnstorableResult", f"{what} cannot be stored")
+        return stored
 
     async def _resolve_doubt(self, call_id: str, key: str, attempt: int,
                              error: Exception) -> tuple[bool, Any]:
@@ -288,18 +439,6 @@ class ToolCaller:
                                  error=self.run.redact_text(repr(error)))
             return False, None
 
-    async def _record_result(self, call_id: str, attempt: int, result: Any) -> Any:
-        """Record the result; return it as recorded (redacted), as a replay would."""
-        stored = await self.run.store_result_or_failure(
-            ev.ToolCallCompleted(call_id=call_id,
-                                 result=scrub_values(result, self.secrets_used)),
-            ev.ToolCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                              error="the tool's result cannot be stored", retryable=False),
-        )
-        if not isinstance(stored, ev.ToolCallCompleted):
-            raise ToolError(call_id, "UnstorableResult", "the tool's result cannot be stored")
-        return stored.result
-
     async def _in_doubt(self, outcome: InDoubt) -> Any:
         """The crash fell between intent and outcome (window 2 of RELIABILITY.md W3)."""
         run, spec = self.run, self.spec
@@ -316,7 +455,7 @@ class ToolCaller:
         # under the key, the callee never acted: sending now is the first delivery.
         if spec.idempotent or looked_up:
             log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
-            metrics.call_retried("tool", "in_doubt")
+            metrics.call_retried(spec.kind, "in_doubt")
             return await self._attempts(outcome.call_id, key, outcome.attempt)
         return await self._escalate(outcome.call_id, outcome.attempt, "interrupted", None)
 
@@ -327,14 +466,14 @@ class ToolCaller:
         thread, or a stopped worker continued), so ``engine.reconcile`` refuses before it."""
         run, spec = self.run, self.spec
         grace_ms = max(round((spec.timeout_s or 0) * 1000), run.lease_ttl_ms)
-        text = None if error is None else _error_text(run, error, self.secrets_used)
+        text = None if error is None else error_text(run, error, self.secrets_used)
         await run.append([ev.ToolCallUncertain(
             call_id=call_id, policy=spec.on_uncertain, reason=reason,
             error_type=None if error is None else type(error).__name__, error=text,
-            not_before_ms=_now_ms() + grace_ms)])
+            not_before_ms=wall_ms(run) + grace_ms)])
         log.warning("call_uncertain", task_id=run.task_id, call_id=call_id,
                     policy=spec.on_uncertain, reason=reason)
-        metrics.call_escalated("tool", reason)
+        metrics.call_escalated(spec.kind, reason)
         await run.run_hook("on_escalation", reason, {
             "call_id": call_id, "tool": spec.name, "error_type": type(error).__name__
             if error is not None else None, "error": text, "policy": spec.on_uncertain})
@@ -347,7 +486,7 @@ class ToolCaller:
             await run.fail("uncertain_side_effect", None, diagnostic_extra={
                 "call_id": call_id, "tool": self.spec.name})
             raise Finished
-        signal_name = f"{INTERNAL_PREFIX}reconcile:{call_id}"
+        signal_name = reconcile_signal(call_id)
         received = _received_signals(run, signal_name)
         payload = received[0] if received else await wait_signal(run, signal_name, None)
         if isinstance(payload, dict) and "error" in payload:
@@ -361,7 +500,7 @@ class ToolCaller:
     async def _approved(self, call_id: str) -> None:
         """Wait until a human approved this exact call (tool and hash of its arguments)."""
         run, spec = self.run, self.spec
-        signal_name = f"{INTERNAL_PREFIX}approval:{call_id}"
+        signal_name = approval_signal(call_id)
         approval = run.view.approvals.get(call_id)
         if approval is None:
             await run.append([ev.ApprovalRequested(call_id=call_id, tool=spec.name,
@@ -393,6 +532,7 @@ class ToolCaller:
 
 
 _none: Final = object()
+_untyped: Final = object()
 
 
 def _doubt_reason(error: BaseException) -> str:
@@ -404,7 +544,7 @@ def _doubt_reason(error: BaseException) -> str:
     return "error_after_start"
 
 
-def _stop_unless_leased(run: TaskRun, error: BaseException) -> None:
+def _stop_unless_leased(run: Run, error: BaseException) -> None:
     """After a failure recorded as retryable: make no further attempt on a lease this
     worker cannot trust (the next owner makes it, under the same key)."""
     if isinstance(error, LeaseExpired) or not run.lease_trusted():
@@ -412,7 +552,7 @@ def _stop_unless_leased(run: TaskRun, error: BaseException) -> None:
         raise Fenced
 
 
-def _received_signals(run: TaskRun, name: str) -> list[Any]:
+def _received_signals(run: Run, name: str) -> list[Any]:
     """Payloads of the internal signal ``name`` already received, in order (consumed from
     the inbox: waiting again would never see them)."""
     return [call.result for call in run.view.calls.values()
@@ -432,108 +572,6 @@ def _approval_decision(payload: Any) -> ev.ApprovalDecided | None:
         return None
     return ev.ApprovalDecided(call_id="", approved=approved, approver=approver,
                               args_hash=hashed, comment=comment)
-
-
-class LlmCaller:
-    """One LLM call: intent, call, journaled response and usage. An in-doubt call is made
-    again with the same key (it only costs tokens); the recorded response wins."""
-
-    def __init__(self, run: TaskRun, model: str, function: Callable[[Any], Any], request: Any,
-                 hashed: str, retry: RetryPolicy, timeout_s: float | None) -> None:
-        self.run, self.model, self.function = run, model, function
-        self.request, self.hashed, self.retry, self.timeout_s = request, hashed, retry, timeout_s
-        self.secrets_used: tuple[str, ...] = ()
-
-    async def drive(self, outcome: Outcome) -> Any:
-        """Drive the LLM call to its recorded response."""
-        run = self.run
-        key: str | None
-        if isinstance(outcome, Fresh):
-            call_id, attempt = outcome.call_id, 1
-            key = idempotency_key(run.task_id, _intent_seq(run))
-            await self._intend(call_id, key, attempt)
-        elif isinstance(outcome, Retry):
-            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
-            assert key is not None
-            await _wait_until(run, call_id, attempt, outcome.due_at_ms, self.retry)
-            await self._intend(call_id, key, attempt)
-        else:
-            assert isinstance(outcome, InDoubt) and outcome.idempotency_key is not None
-            call_id, attempt, key = outcome.call_id, outcome.attempt, outcome.idempotency_key
-        assert key is not None
-        return await self._attempts(call_id, key, attempt)
-
-    async def _intend(self, call_id: str, key: str, attempt: int) -> None:
-        trip = self.run.check_budget() or await self.run.check_tenant_spend()
-        if trip is not None:
-            await self.run.fail_budget(trip)
-        await self.run.append([ev.LlmCallIntended(
-            call_id=call_id, model=self.model, request=self.request, request_hash=self.hashed,
-            idempotency_key=key, attempt=attempt)])
-
-    async def _attempts(self, call_id: str, key: str, attempt: int) -> Any:
-        """Attempts until a response is recorded: every failure the policy calls transient
-        (a timeout included) is retried under the same key, since a repeat costs tokens
-        only; the recorded response wins."""
-        run = self.run
-        for _ in range(attempts_max):
-            try:
-                self.secrets_used = secrets_in(run.redactor, self.request)
-                request, resolved = await resolve_secret_refs(self.request, run.engine.secrets)
-                self.secrets_used += resolved
-                if not run.lease_trusted():
-                    raise LeaseExpired("the lease could not be trusted when the call was due")
-                tokens = _current_call.set(_claim(run, key)), _lease_check.set(run.lease_trusted)
-                try:
-                    raw = await call_function(self.function, request, self.timeout_s,
-                                              run.executor)
-                finally:
-                    _current_call.reset(tokens[0])
-                    _lease_check.reset(tokens[1])
-            except Exception as error:
-                verdict = classify_failure(error, self.retry, attempt, repeat_safe=True)
-                retry_at = (_now_ms() + round(1000 * backoff_delay_s(
-                    self.retry, run.task_id, run.head_seq, attempt))
-                    if verdict is Disposition.RETRY else None)
-                text = _error_text(run, error, self.secrets_used)
-                await run.append([ev.LlmCallFailed(
-                    call_id=call_id, attempt=attempt, error=text,
-                    error_type=type(error).__name__, retryable=retry_at is not None,
-                    retry_at_ms=retry_at)])
-                metrics.call_failed("llm", retry_at is not None)
-                if retry_at is None:
-                    raise ToolError(call_id, type(error).__name__, text) from error
-                _stop_unless_leased(run, error)
-                attempt += 1
-                await _wait_until(run, call_id, attempt, retry_at, self.retry)
-                await self._intend(call_id, key, attempt)
-                continue
-            return await self._record(call_id, attempt, _as_response(raw))
-        raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
-
-    async def _record(self, call_id: str, attempt: int, response: LlmResponse) -> Any:
-        """Record the response; return its content as recorded (redacted)."""
-        problem = _usage_problem(response)
-        if problem is not None:
-            # Negative usage would be added to the task's totals and offset the budget
-            # (a task with max_tokens=100 ran on after reporting -3,000 tokens).
-            await self.run.append([ev.LlmCallFailed(
-                call_id=call_id, attempt=attempt, error_type="InvalidUsage", error=problem,
-                retryable=False)])
-            raise ToolError(call_id, "InvalidUsage", problem)
-        stored = await self.run.store_result_or_failure(
-            ev.LlmCallCompleted(call_id=call_id,
-                                response=scrub_values(response.content, self.secrets_used),
-                                input_tokens=response.input_tokens,
-                                output_tokens=response.output_tokens,
-                                cost_usd=response.cost_usd),
-            ev.LlmCallFailed(call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                             error="the LLM response cannot be stored", retryable=False),
-        )
-        if not isinstance(stored, ev.LlmCallCompleted):
-            raise ToolError(call_id, "UnstorableResult", "the LLM response cannot be stored")
-        await self.run.add_tenant_spend(stored.cost_usd)
-        return stored.response
 
 
 def _usage_problem(response: LlmResponse) -> str | None:
@@ -559,96 +597,3 @@ def _as_response(raw: Any) -> LlmResponse:
             cost_usd=float(raw.get("cost_usd", 0.0)),
         )
     return LlmResponse(content=raw)
-
-
-async def run_transaction(run: TaskRun, outcome: Outcome, name: str,
-                          function: Callable[[Any, Any], Any], args: Any, hashed: str,
-                          policy: RetryPolicy) -> Any:
-    """A DB-local effect: the effect, its dedup row and the result event in one transaction.
-
-    A failed attempt rolled back whole, so it did not act: a transient failure is retried
-    under the same key, any other is recorded and raised as a ``ToolError``. An in-doubt
-    transaction call never committed (the result event would be in the log otherwise), so
-    it is simply run again under the same key.
-    """
-    key: str
-    if isinstance(outcome, Fresh):
-        call_id, attempt = outcome.call_id, 1
-        key = idempotency_key(run.task_id, _intent_seq(run))
-        await run.append([ev.ToolCallIntended(call_id=call_id, tool=name, args=args,
-                                              args_hash=hashed, idempotency_key=key)])
-    else:
-        assert isinstance(outcome, InDoubt | Retry) and outcome.idempotency_key is not None
-        call_id, key, attempt = outcome.call_id, outcome.idempotency_key, outcome.attempt
-        if isinstance(outcome, Retry):
-            await _wait_until(run, call_id, attempt, outcome.due_at_ms, policy)
-            await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
-    for _ in range(attempts_max):
-        try:
-            return await _transaction_attempt(run, call_id, key, function, args)
-        except InvalidPayload as error:
-            # The result cannot be stored, so the transaction rolled back whole: nothing
-            # acted. Recorded as the call's failure, as for a tool (never left pending).
-            await run.append([ev.ToolCallFailed(
-                call_id=call_id, attempt=attempt, error_type="UnstorableResult",
-                error="the effect's result cannot be stored", retryable=False)])
-            raise ToolError(call_id, "UnstorableResult", str(error)) from error
-        except _INFRASTRUCTURE:
-            raise
-        except Exception as error:
-            verdict = classify_failure(error, policy, attempt, repeat_safe=True)
-            retry_at = None
-            if verdict is Disposition.RETRY:
-                retry_at = _now_ms() + round(1000 * backoff_delay_s(
-                    policy, run.task_id, run.head_seq, attempt))
-            text = _error_text(run, error, ())
-            await run.append([ev.ToolCallFailed(
-                call_id=call_id, attempt=attempt, error=text, error_type=type(error).__name__,
-                retryable=retry_at is not None, retry_at_ms=retry_at)])
-            if retry_at is None:
-                raise ToolError(call_id, type(error).__name__, text) from error
-        attempt += 1
-        await _wait_until(run, call_id, attempt, retry_at, policy)
-        await run.append([_transaction_intent(call_id, name, args, hashed, key, attempt)])
-    raise ToolError(call_id, "RetryLimit", f"more than {attempts_max} attempts")
-
-
-def _transaction_intent(call_id: str, name: str, args: Any, hashed: str, key: str,
-                        attempt: int) -> ev.ToolCallIntended:
-    return ev.ToolCallIntended(call_id=call_id, tool=name, args=args, args_hash=hashed,
-                               idempotency_key=key, attempt=attempt)
-
-
-async def _transaction_attempt(run: TaskRun, call_id: str, key: str,
-                               function: Callable[[Any, Any], Any], args: Any) -> Any:
-    """One attempt of a DB-local effect, its dedup row and its result event."""
-    pending: dict[str, Any] = {}
-
-    async def record(connection: Any, result: Any) -> None:
-        # Appended outside TaskRun.append, so redacted here (the gateway already did: kept
-        # as a second line, it changes nothing then).
-        event = redact_event(ev.ToolCallCompleted(call_id=call_id, result=result),
-                             run.redactor, bytes_max=run.engine.store.payload_bytes_max)
-        encoded = [ev.encode_event(event, payload_bytes_max=run.engine.store.payload_bytes_max)]
-        pending["append"] = await run.engine.store.append_events(
-            run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,
-            prev_hash=run.head_hash, connection=connection, encoded=encoded)
-        pending["event"] = event
-
-    claim = _claim(run, key)
-    # Like a tool, the effect can read its key and epoch (ctx.idempotency_key, current_call).
-    token = _current_call.set(claim)
-    try:
-        result = await run.engine.gateway.run_in_transaction(
-            claim, lambda connection: function(connection, args), record)
-    finally:
-        _current_call.reset(token)
-    if "append" in pending:
-        run.adopt_append(pending["event"], pending["append"])
-    return result
-
-
-_INFRASTRUCTURE: Final = (ToolError, LeaseLost, ConcurrencyConflict, UnknownTask, StaleEpoch,
-                          DatabaseUnavailable, AmbiguousCommit, *CONNECTION_ERRORS)
-"""Failures of a DB-local effect that are the engine's, not the effect's: the run handles
-them (fenced, interrupted), they are never recorded as the call's failure."""

@@ -10,65 +10,51 @@ their kind, so a re-run never writes them twice.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
-import functools
-import inspect
-import random as random_module
-import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Literal
-
-import msgspec
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.journal import Fresh, InDoubt, Outcome, Recorded
 from replay.state import AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim
 from wal_engine.errors import CallTimedOut as CallTimedOut
 from wal_engine.errors import InvalidInput, WalError
 from wal_engine.errors import SignalTimeout as SignalTimeout
 from wal_engine.errors import ToolError as ToolError
-from wal_engine.payloads import decode_payload
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
-from wal_engine.runtime.run import INTERNAL_PREFIX, Suspended
-from wal_engine.store import queries
+from wal_engine.runtime.calls import CallDriver, LlmSpec, ToolSpec
+from wal_engine.runtime.control import (
+    INTERNAL_PREFIX,
+    Suspended,
+    current_call_claim,
+    lease_check,
+)
+from wal_engine.runtime.steps import LlmResponse as LlmResponse
+from wal_engine.runtime.steps import recorded_value, wait_signal
 
 if TYPE_CHECKING:
-    from wal_engine.runtime.run import TaskRun
+    from wal_engine.runtime.ports import Run
 
 UncertainPolicy = Literal["fail", "wait"]
+T = TypeVar("T")
+R = TypeVar("R")
+error_text_max: Final = 2000
 
-_current_call: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
-    "wal_engine_current_call", default=None
-)
-_lease_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "wal_engine_lease_check", default=None
-)
-
-
-class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """What an LLM function returns: the response and its usage (journaled with it)."""
-
-    content: Any = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
 
 
 def current_call() -> Claim | None:
     """The call in flight in this coroutine or thread (its idempotency key and fencing
     epoch)."""
-    return _current_call.get()
+    return current_call_claim.get()
 
 
 def lease_valid() -> bool:
     """Inside a tool: whether the worker can still trust its lease of the task, by its own
     clock and without a round trip (True outside a call)."""
-    check = _lease_check.get()
+    check = lease_check.get()
     return True if check is None else check()
 
 
@@ -79,7 +65,7 @@ def ensure_lease() -> None:
     and continued finds its lease expired here. Only the callee refusing stale epochs
     (``ctx.epoch``) closes the gap of a worker stopped after this check."""
     if not lease_valid():
-        claim = _current_call.get()
+        claim = current_call_claim.get()
         key = "?" if claim is None else claim.key
         raise LeaseExpired(f"the lease of the call {key} can no longer be trusted")
 
@@ -87,7 +73,7 @@ def ensure_lease() -> None:
 class AgentContext:
     """What an agent function receives as ``ctx``."""
 
-    def __init__(self, run: TaskRun) -> None:
+    def __init__(self, run: Run) -> None:
         self._run = run
         self._ordinals: dict[str, int] = {}
         self._patches: dict[str, bool] = {}
@@ -117,18 +103,18 @@ class AgentContext:
     @property
     def worker_id(self) -> str:
         """The worker running this task."""
-        return self._run.worker.worker_id
+        return self._run.worker_id
 
     @property
     def idempotency_key(self) -> str | None:
         """The key of the call in flight, for the callee to deduplicate on."""
-        claim = _current_call.get()
+        claim = current_call_claim.get()
         return None if claim is None else claim.key
 
     @property
     def call_claim(self) -> Claim | None:
         """The call in flight as a gateway claim (key, owner, epoch)."""
-        return _current_call.get()
+        return current_call_claim.get()
 
     def lease_valid(self) -> bool:
         """Whether this worker can still trust its lease, by its own clock (no round trip)."""
@@ -142,12 +128,51 @@ class AgentContext:
 
     # ------------------------------------------------------------------ external calls
 
+    @overload
+    async def tool(
+        self, name: str, function: Callable[..., Any], args: Any = ..., *,
+        result_type: type[R],
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> R: ...
+
+    @overload
+    async def tool(
+        # An async function's result is what it returns once awaited: this overload must
+        # come before the next, which would say the awaitable.
+        self, name: str, function: Callable[..., Awaitable[T]], args: Any = ..., *,
+        result_type: None = ...,
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> T: ...
+
+    @overload
+    async def tool(
+        self, name: str, function: Callable[..., T], args: Any = ..., *,
+        result_type: None = ...,
+        idempotent: bool = ...,
+        retry: RetryPolicy = ...,
+        timeout_s: float | None = ...,
+        approval: bool = ...,
+        on_uncertain: UncertainPolicy = ...,
+        lookup: Callable[[str], Awaitable[Any]] | None = ...,
+    ) -> T: ...
+
     async def tool(
         self,
         name: str,
-        function: Callable[[Any], Any],
+        function: Callable[..., Any],
         args: Any = None,
         *,
+        result_type: Any = None,
         idempotent: bool = True,
         retry: RetryPolicy = DEFAULT_POLICY,
         timeout_s: float | None = None,
@@ -175,12 +200,16 @@ class AgentContext:
             on_uncertain: ``"fail"`` the task, or ``"wait"`` for a reconciliation signal.
             lookup: For an in-doubt call: ``await lookup(key)`` returns the callee's recorded
                 result, or None if it never acted (then the call is made again).
+            result_type: A type msgspec converts the result to (a Struct, a dataclass,
+                ``list[int]``...), from the result as recorded, live and on replay alike.
 
         Returns:
-            The tool's result (from the log on replay).
+            The tool's result (from the log on replay), of ``result_type`` if given.
 
         Raises:
             ToolError: the call failed for good.
+            ResultTypeError: the result does not convert to ``result_type`` (recorded as
+                the call's failure, not retried).
         """
         # The log records the redacted arguments (and name), and replay matches on their
         # hash; the function gets the arguments as given, with secret references resolved.
@@ -189,52 +218,66 @@ class AgentContext:
         hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
-            return _recorded(outcome)
-        spec = _ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
-                         args_hash=hashed,
-                         idempotent=idempotent, retry=retry, timeout_s=timeout_s,
-                         on_uncertain=on_uncertain, lookup=lookup)
-        from wal_engine.runtime.calls import ToolCaller
+            return recorded_value(outcome, result_type)
+        spec = ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
+                        args_hash=hashed, idempotent=idempotent, retry=retry,
+                        timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup,
+                        result_type=result_type)
 
-        return await ToolCaller(self._run, spec).drive(outcome, approval=approval)
+        return await CallDriver(self._run, spec).drive(outcome, approval=approval)
+
+    @overload
+    async def llm(
+        self, model: str, function: Callable[..., Any], request: Any = ..., *,
+        result_type: type[R], retry: RetryPolicy = ..., timeout_s: float | None = ...,
+    ) -> R: ...
+
+    @overload
+    async def llm(
+        self, model: str, function: Callable[..., Any], request: Any = ..., *,
+        result_type: None = ..., retry: RetryPolicy = ..., timeout_s: float | None = ...,
+    ) -> Any: ...
 
     async def llm(
         self,
         model: str,
-        function: Callable[[Any], Any],
+        function: Callable[..., Any],
         request: Any = None,
         *,
+        result_type: Any = None,
         retry: RetryPolicy = DEFAULT_POLICY,
         timeout_s: float | None = None,
     ) -> Any:
         """Call an LLM, journaled: its response and token usage are recorded, so a replay
         never pays for the same tokens twice. ``function(request)`` returns an
-        :class:`LlmResponse` (or a dict with its fields, or a bare response).
+        :class:`LlmResponse` (or a dict with its fields, or a bare response). With
+        ``result_type``, the response's content is converted to it by msgspec, as for
+        :meth:`tool` (a mismatch raises :class:`~wal_engine.errors.ResultTypeError`).
         """
         hashed = args_hash(self._run.redact(request))
         model = self._run.redact_text(model)
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
-            return _recorded(outcome)
-        from wal_engine.runtime.calls import LlmCaller
-
-        return await LlmCaller(self._run, model, function, request, hashed, retry,
-                               timeout_s).drive(outcome)
+            return recorded_value(outcome, result_type)
+        spec = LlmSpec(name=model, function=function, args=request, args_hash=hashed,
+                       retry=retry, timeout_s=timeout_s, result_type=result_type)
+        return await CallDriver(self._run, spec).drive(outcome)
 
     async def now(self) -> float:
         """Seconds since the epoch, journaled: a replay sees the same value."""
-        return float(await self._value("now", time.time))
+        return float(await self._value("now"))
 
     async def random(self) -> float:
         """A number in [0, 1), journaled: a replay sees the same value."""
-        return float(await self._value("random", random_module.random))
+        return float(await self._value("random"))
 
-    async def _value(self, kind: str, source: Callable[[], Any]) -> Any:
+    async def _value(self, kind: str) -> Any:
         outcome = await self._next(CallKind.VALUE, kind, "")
         if isinstance(outcome, Recorded):
             return outcome.result
         assert isinstance(outcome, Fresh)
-        value = source()
+        services = self._run.services  # Only now: a replay has none and never gets here.
+        value = services.clock.time_s() if kind == "now" else services.random.random()
         await self._run.append([ev.ValueRecorded(call_id=outcome.call_id, kind=kind,
                                                  value=value)])
         return value
@@ -251,7 +294,7 @@ class AgentContext:
             return
         assert isinstance(outcome, Fresh)
         await self._run.append([ev.TimerStarted(
-            timer_id=outcome.call_id, wake_at_ms=round(time.time() * 1000) + duration_ms,
+            timer_id=outcome.call_id, wake_at_ms=now_ms(self._run.services.clock) + duration_ms,
             duration_ms=duration_ms)])
         raise Suspended
 
@@ -388,8 +431,8 @@ class AgentContext:
         hashed = args_hash(self._run.redact(args))
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
-            return _recorded(outcome)
-        from wal_engine.runtime.calls import run_transaction
+            return recorded_value(outcome)
+        from wal_engine.runtime.transaction import run_transaction
 
         return await run_transaction(self._run, outcome, name, function, args, hashed, retry)
 
@@ -414,19 +457,6 @@ class AgentContext:
                 raise _divergence(self._run, kind, None, f"{count} recorded")
 
 
-class _ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    function: Any
-    args: Any
-    stored_args: Any
-    args_hash: str
-    idempotent: bool
-    retry: RetryPolicy
-    timeout_s: float | None
-    on_uncertain: str
-    lookup: Any
-
-
 change_id_length_max: Final = 200
 
 
@@ -435,13 +465,7 @@ def _check_change_id(change_id: str) -> None:
         raise InvalidInput(f"a patch's change id must be 1..{change_id_length_max} characters")
 
 
-def _recorded(outcome: Recorded) -> Any:
-    if outcome.error is not None:
-        raise ToolError(outcome.call_id, outcome.error.error_type, outcome.error.error)
-    return outcome.result
-
-
-def _divergence(run: TaskRun, kind: str, requested: str | None,
+def _divergence(run: Run, kind: str, requested: str | None,
                 recorded: str | None) -> NonDeterminismError:
     seq = run.view.last_seq
     return NonDeterminismError(
@@ -452,95 +476,3 @@ def _divergence(run: TaskRun, kind: str, requested: str | None,
     )
 
 
-async def wait_signal(run: TaskRun, name: str, timeout_ms: int | None) -> Any:
-    """Deliver a signal from the inbox, or wait durably for one (also for internal waits)."""
-    found, payload = await take_signal(run, name)
-    if found:
-        return payload
-    await run.append([ev.SignalAwaited(name=name, timeout_ms=timeout_ms)])
-    # A signal that committed while our wait was being written may have missed the wake-up
-    # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
-    if await _unconsumed_signals(run, name, 1):
-        await run.append([ev.TaskWoken(reason="signal")])
-        await run.engine.database.fetch(queries.WAKE_WORKERS)
-    raise Suspended
-
-
-async def _unconsumed_signals(run: TaskRun, name: str, limit: int) -> list[Any]:
-    return await run.engine.database.fetch(queries.READ_SIGNALS, run.task_id, name,
-                                           list(run.view.signal_ids), limit)
-
-
-async def take_signal(run: TaskRun, name: str) -> tuple[bool, Any]:
-    """Consume the oldest unconsumed signal ``name``: ``(True, payload)``, or ``(False, None)``."""
-    rows = await _unconsumed_signals(run, name, 1)
-    if not rows:
-        return False, None
-    payload = decode_payload(rows[0]["payload"])
-    await run.append([ev.SignalReceived(name=name, payload=payload,
-                                        signal_id=rows[0]["signal_id"])])
-    received = run.last_appended[-1]
-    assert isinstance(received, ev.SignalReceived)
-    return True, received.payload
-
-
-def _is_async(function: Callable[[Any], Any]) -> bool:
-    """Whether calling ``function`` returns a coroutine without running anything first."""
-    target = function.func if isinstance(function, functools.partial) else function
-    # An object whose __call__ is async (a class-based tool) is async too. B004 is about
-    # testing callability, which is not what this asks.
-    call = getattr(target, "__call__", None)  # noqa: B004
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
-
-
-async def call_function(function: Callable[[Any], Any], argument: Any,
-                        timeout_s: float | None,
-                        executor: concurrent.futures.Executor | None) -> Any:
-    """Call a user function with an optional timeout: an async one on the loop, a sync one
-    on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
-    the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
-
-    Raises:
-        CallTimedOut: past ``timeout_s``.
-    """
-    failpoints.hit("during_effect")
-    if executor is None or _is_async(function):
-        result = function(argument)
-        if not inspect.isawaitable(result):
-            return result
-        if not timeout_s:
-            return await result
-        try:
-            return await asyncio.wait_for(result, timeout_s)
-        except TimeoutError as error:
-            raise CallTimedOut(timeout_s, None) from error
-    loop = asyncio.get_running_loop()
-    try:
-        thread = loop.run_in_executor(executor, contextvars.copy_context().run, function,
-                                      argument)
-    except RuntimeError as error:
-        # The pool is shut down: the worker is going away and this attempt never started.
-        # It unwinds the run like the cancellation it is, never as the tool's failure.
-        raise asyncio.CancelledError("the worker's thread pool is shut down") from error
-    try:
-        result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
-    except TimeoutError as error:
-        raise CallTimedOut(timeout_s or 0.0, _thread_future(thread)) from error
-    if inspect.isawaitable(result):  # A sync function that returned a coroutine.
-        return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
-    return result
-
-
-def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any]:
-    """A thread-safe view of whether the executor's work is done."""
-    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def finished(future: asyncio.Future[Any]) -> None:
-        # Retrieve the late outcome, so that asyncio does not report it as never retrieved:
-        # the attempt was already recorded as timed out.
-        if not future.cancelled():
-            future.exception()
-        done.set_result(None)
-
-    thread.add_done_callback(finished)
-    return done

@@ -9,9 +9,10 @@ worker that never registered still runs every task of its agents.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
+from wal_engine.runtime.ports import AgentSpec
 from wal_engine.store import Database
 
 recent_window_s_default: Final = 86_400
@@ -43,3 +44,15 @@ async def recent_agents(database: Database, *,
     """Every agent a worker of this tenant registered within the last ``within_s``."""
     rows = await database.fetch(RECENT_AGENTS, float(within_s), workers_read_max)
     return {agent for row in rows for agent in row["agents"]}
+
+
+def runnable_versions(agents: Mapping[str, AgentSpec]) -> tuple[list[str], list[str]]:
+    """``(agents, versions)``: every agent and version of ``agents`` that a worker can run,
+    as the claim statement takes them (each agent's own version first)."""
+    names: list[str] = []
+    versions: list[str] = []
+    for name in sorted(agents):
+        for version in agents[name].runs:
+            names.append(name)
+            versions.append(version)
+    return names, versions

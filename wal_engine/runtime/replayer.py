@@ -6,7 +6,8 @@ journal cursor (nothing is called), every command already recorded is matched by
 ordinal, and the first thing the code asks for that the history does not hold (a new call,
 an in-doubt call that a worker would retry, a new message or checkpoint) stops the run with
 :class:`ReplayFinished` instead of acting or writing. Nothing here reaches the database once
-the history is read: the run's engine is a stand-in that refuses every use.
+the history is read: the replay's run (a :class:`~wal_engine.runtime.ports.Run` of its own,
+not a worker's task run) has no services, and stops the code if it asks for them.
 
 The outcome is a :class:`ReplayReport`: the first non-determinism (a different call or
 command, fewer calls than recorded, calls past a history whose code had ended, or another
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, cast
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import msgspec
 import orjson
+import structlog
 
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.fold import FoldItem, StateBuilder, fold
@@ -37,15 +40,21 @@ from wal_engine import events as ev
 from wal_engine import limits
 from wal_engine.budgets import BudgetTrip
 from wal_engine.errors import ConfigurationError, InvalidPayload
-from wal_engine.runtime.run import TaskRun, error_text_max, is_internal
+from wal_engine.runtime.ports import RunServices
+from wal_engine.runtime.run import error_text_max, is_internal
 from wal_engine.runtime.worker import WorkerConfig
+from wal_engine.security.redaction import (
+    Redactor,
+    default_redactor,
+    redact_bounded,
+    redact_text,
+)
 from wal_engine.state_machine import Status
 from wal_engine.store import Store
 
 if TYPE_CHECKING:
-    from wal_engine.engine import Engine
     from wal_engine.runtime.context import AgentContext
-    from wal_engine.runtime.worker import Worker
+    from wal_engine.store import Database
 
 replay_timeout_s_default: Final = 60.0
 """Longest a replay may run; agent code that waits on something outside ``ctx`` stops."""
@@ -56,6 +65,20 @@ CODE_ENDED_FAILURE: Final = "agent_error"
 AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 ProgressCallback = Callable[[str, int, int], None]
 """``(phase, done, total)``: phase ``events`` while the log is read, ``calls`` while replaying."""
+
+
+class ReplaySource(Protocol):
+    """What a replay reads of an engine (:class:`~wal_engine.engine.Engine` is one): its
+    store, its session pool and its registered agents, which are the code checked."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def database(self) -> Database: ...
+
+    @property
+    def agents(self) -> Mapping[str, Any]: ...
 
 
 class ReplayFinished(BaseException):
@@ -166,38 +189,67 @@ class _ReplayJournal(Journal):
             self.first_divergence = error
 
 
-class _ReplayWorker:
-    """Stands in for the worker: a replay holds no lease and runs nothing."""
+class _ReplayRun:
+    """The run a replay gives agent code: it holds the whole recorded history, holds no
+    lease, and may never append, act or reach the database.
 
+    It hashes call arguments with the default redactor and the default payload cap, as a
+    default worker does (a history recorded with another redactor is checked by an engine
+    of its own, whose agents give the code)."""
+
+    epoch = 0
     worker_id = "replay"
-    executor = None
-    config = WorkerConfig()
-
-    def lease_valid(self, task_id: str, epoch: int) -> bool:
-        return False  # A replay never acts; were it to try, it would start no effect.
-
-
-class _NoEngine:
-    """Stands in for the engine: a replay must never reach the database or the gateway."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise ReplayFinished(f"the code needs the engine ({name}): a worker would act here", 0)
-
-
-class _ReplayRun(TaskRun):
-    """A task run that holds the whole recorded history and may never append."""
+    executor: Executor | None = None
+    lease_ttl_ms = WorkerConfig().lease_ttl_ms
+    redactor: Redactor = default_redactor
 
     def __init__(self, state: AgentState, journal: _ReplayJournal, code_ended: bool) -> None:
-        row = {"task_id": state.task_id, "agent": state.agent, "lease_epoch": 0,
-               "head_seq": state.last_seq, "head_hash": state.last_hash,
-               "started_at": None, "database_now": None,
-               "agent_version": state.agent_version}
-        super().__init__(cast("Engine", _NoEngine()), cast("Worker", _ReplayWorker()), row)
+        self.task_id = state.task_id
+        self.head_seq = state.last_seq
+        self.head_hash = state.last_hash
         self.builder = StateBuilder(state)
-        self.journal = journal
+        self.journal: Journal | None = journal
         self.replay_journal = journal
         self.code_ended = code_ended
-        self.leased = False
+        self.last_appended: list[ev.Event] = []
+        self.log = structlog.get_logger(__name__).bind(task_id=state.task_id, replay=True)
+        self._state_cache: AgentState | None = None
+
+    @property
+    def services(self) -> RunServices:
+        """A replay has none: code that needs them would act past the history."""
+        raise ReplayFinished("the code needs the engine's services: a worker would act here",
+                             self.view.last_seq)
+
+    @property
+    def state(self) -> AgentState:
+        if self._state_cache is None:
+            self._state_cache = self.builder.state()
+        return self._state_cache
+
+    @property
+    def view(self) -> Any:
+        return self.builder.view
+
+    @property
+    def status(self) -> Status | None:
+        status: Status | None = self.builder.view.status
+        return status
+
+    def fence(self, reason: str) -> None:
+        raise ReplayFinished(f"the run would stop here ({reason})", self.view.last_seq)
+
+    def check_live(self) -> None:
+        return None  # A replay is never fenced: it holds no lease to lose.
+
+    def lease_trusted(self) -> bool:
+        return False  # A replay never acts; were it to try, it would start no effect.
+
+    def redact(self, value: Any) -> Any:
+        return redact_bounded(self.redactor, value, limits.payload_bytes_max)
+
+    def redact_text(self, text: str) -> str:
+        return redact_text(self.redactor, text[:limits.payload_bytes_max])
 
     async def append(self, events: Sequence[ev.Event], *, redacted: bool = False) -> None:
         kind = ev.event_type(events[0])
@@ -211,6 +263,14 @@ class _ReplayRun(TaskRun):
             raise error
         raise ReplayFinished(f"{kind} past the recorded history: a worker would write it", seq)
 
+    async def store_result_or_failure(self, success: ev.Event,
+                                      failure: ev.Event) -> ev.Event | None:
+        await self.append([success])
+        return None
+
+    def adopt_append(self, event: ev.Event, result: Any) -> None:
+        raise ReplayFinished("an effect would commit here", self.view.last_seq)
+
     def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
                      starting_step: bool = False) -> BudgetTrip | None:
         return None  # A budget trip would write; the history already holds any trip.
@@ -218,12 +278,25 @@ class _ReplayRun(TaskRun):
     async def check_tenant_spend(self) -> BudgetTrip | None:
         return None  # As for the task's own budgets: the history holds any trip.
 
+    async def add_tenant_spend(self, cost_usd: float) -> None:
+        raise ReplayFinished("the code would add to the tenant's spend", self.view.last_seq)
+
+    async def fail_budget(self, trip: BudgetTrip) -> None:
+        raise ReplayFinished(f"the code would trip a budget ({trip.budget})",
+                             self.view.last_seq)
+
     async def fail(self, reason: str, error: BaseException | None,
                    diagnostic_extra: dict[str, Any] | None = None) -> None:
         raise ReplayFinished(f"the code would fail the task ({reason})", self.view.last_seq)
 
+    async def release_if_requested(self) -> None:
+        return None  # Nothing asks a replay to stop at a durable point.
+
     async def maybe_snapshot(self) -> None:
         return None
+
+    async def run_hook(self, hook: str, reason: str, detail: Any = None) -> None:
+        return None  # Hooks belong to a worker's runs: a replay calls none.
 
 
 class _Ending(msgspec.Struct, frozen=True, kw_only=True):
@@ -453,7 +526,7 @@ async def fold_history(store: Store, task_id: str, *,
 
 
 async def check_history(
-    source: Engine | Store,
+    source: ReplaySource | Store,
     task_id: str,
     agents: Mapping[str, Any] | None = None,
     *,
@@ -516,7 +589,7 @@ def runs_version(definition: Any, version: str | None) -> bool:
     return version is None or runs is None or version in runs
 
 
-async def check_tasks(engine: Engine, *, since: Any = None, finished_sample: int = 20,
+async def check_tasks(engine: ReplaySource, *, since: Any = None, finished_sample: int = 20,
                       timeout_s: float = replay_timeout_s_default,
                       on_task: Callable[[ReplayReport], None] | None = None) -> DeployCheck:
     """Replay every live task, and the ``finished_sample`` most recently finished ones, of

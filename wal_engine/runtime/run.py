@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
-import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from decimal import Decimal
@@ -30,7 +29,6 @@ from replay.journal import Journal
 from replay.snapshot import SnapshotSegments
 from replay.state import AgentState
 from wal_engine import events as ev
-from wal_engine import limits
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -44,10 +42,11 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.observability import metrics
+from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.runtime.hooks import HookEvent, call_hook
+from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
 from wal_engine.security.redaction import (
     Redactor,
-    default_redactor,
     redact_bounded,
     redact_event,
     redact_text,
@@ -58,15 +57,10 @@ from wal_engine.store.connection import CONNECTION_ERRORS
 from wal_engine.store.store import check_history_bound
 
 if TYPE_CHECKING:
-    from wal_engine.engine import AgentDefinition, Engine
     from wal_engine.runtime.resume import ResumedState
-    from wal_engine.runtime.worker import Worker
 
 log = structlog.get_logger(__name__)
 
-INTERNAL_PREFIX: Final = "~"
-"""Call ids and signal names the engine uses for its own waits (approvals, reconciliation,
-retry timers). The journal the agent code is matched against leaves them out."""
 TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
 """The name a tripped per-tenant LLM spend cap has in ``budget_exceeded``."""
 
@@ -80,33 +74,20 @@ release_timeout_s: Final = 5.0
 error_text_max: Final = 2000
 
 
-class Suspended(BaseException):
-    """Unwinds agent code when the task waits or is handed back.
-
-    A BaseException so that agent code's ``except Exception`` cannot swallow it.
-    """
-
-
-class Fenced(BaseException):
-    """Unwinds agent code when the lease is lost: nothing more may be written or done.
-
-    A BaseException for the same reason as :class:`Suspended`.
-    """
-
-
-class Finished(BaseException):
-    """Unwinds agent code after the engine recorded a terminal event (budget, escalation).
-
-    A BaseException for the same reason as :class:`Suspended`.
-    """
-
-
 class TaskRun:
-    """The execution of one claimed task on one worker."""
+    """The execution of one claimed task on one worker.
 
-    def __init__(self, engine: Engine, worker: Worker, row: Any) -> None:
-        self.engine = engine
-        self.worker = worker
+    Built by the worker from the engine's ``services``, the worker itself as its ``host``
+    (lease keeper, thread pool), the claimed ``row`` and the agent's registration
+    (``definition``: None if this worker does not serve the agent; the task is then handed
+    back).
+    """
+
+    def __init__(self, services: RunServices, host: RunHost, row: Any,
+                 definition: AgentSpec | None) -> None:
+        self.services = services
+        self.host = host
+        self.worker_id = host.worker_id
         self.task_id: str = row["task_id"]
         self.agent: str = row["agent"]
         self.agent_version: str | None = row["agent_version"]
@@ -114,7 +95,8 @@ class TaskRun:
         self.epoch: int = row["lease_epoch"]
         self.head_seq: int = row["head_seq"]
         self.head_hash: bytes = row["head_hash"]
-        self.claimed_at = time.monotonic()
+        self.clock = services.clock
+        self.claimed_at = self.clock.monotonic_s()
         started: dt.datetime | None = row["started_at"]
         now: dt.datetime = row["database_now"]
         self.runtime_before_claim_s = 0.0 if started is None else (now - started).total_seconds()
@@ -126,17 +108,16 @@ class TaskRun:
         self.suspend_requested = False
         self.builder: StateBuilder | None = None
         self.journal: Journal | None = None
-        self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=worker.worker_id)
+        self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=self.worker_id)
         self._state_cache: AgentState | None = None
-        # The replay checker runs agent code on a stand-in engine without one: it then
-        # hashes call arguments with the default redactor, as a default worker does.
-        self.redactor: Redactor = vars(engine).get("redactor", default_redactor)
+        self.redactor: Redactor = services.redactor
+        self.payload_bytes_max = int(services.store.payload_bytes_max)
         self.last_appended: list[ev.Event] = []
         """The events of the last append as recorded (redacted)."""
         self.last_snapshot_seq = 0
         self.snapshot_segments: SnapshotSegments = SnapshotSegments()
         """The segments this run's snapshots stored (or its resume read): not re-sent."""
-        self.definition: AgentDefinition | None = None
+        self.definition = definition
         self._unsettled: list[ev.Event] = []
         """Outcome events of the last append, while it is in doubt (its connection broke):
         after the log is read back, recorded again if they did not land."""
@@ -176,7 +157,7 @@ class TaskRun:
 
     def runtime_s(self) -> float:
         """Wall-clock runtime across all workers and restarts (database clock at claim)."""
-        return self.runtime_before_claim_s + (time.monotonic() - self.claimed_at)
+        return self.runtime_before_claim_s + (self.clock.monotonic_s() - self.claimed_at)
 
     # ------------------------------------------------------------------ execution
 
@@ -186,8 +167,7 @@ class TaskRun:
         back, the interruption recorded, and the agent code runs again from the top."""
         from wal_engine.runtime.context import AgentContext
 
-        definition = self.engine.agents.get(self.agent)
-        self.definition = definition
+        definition = self.definition
         try:
             resumed = await self._first_read()
         except CorruptionError as error:
@@ -276,7 +256,7 @@ class TaskRun:
         delay_s = 0.05
         while self.lease_trusted():
             try:
-                head = await self.engine.store.read_head(self.task_id)
+                head = await self.services.store.read_head(self.task_id)
                 if head.lease_epoch != self.epoch or head.status not in LEASED:
                     self.fence(f"lease moved while the connection was lost (epoch "
                                f"{head.lease_epoch}, status {head.status.value})")
@@ -287,7 +267,7 @@ class TaskRun:
                 await self._settle_outcomes()
                 await self.append([ev.RunInterrupted(
                     error_type=type(error).__name__, error=_interruption_text(error, self),
-                    worker_id=self.worker.worker_id)])
+                    worker_id=self.worker_id)])
                 self._new_journal()
                 return True
             except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
@@ -337,7 +317,7 @@ class TaskRun:
             hook=hook, task_id=self.task_id, agent=self.agent, reason=reason,
             task_version=self.view.agent_version, code_version=definition.version,
             new_version=self.view.agent_version not in (None, definition.version),
-            worker_id=self.worker.worker_id, epoch=self.epoch, seq=self.head_seq,
+            worker_id=self.worker_id, epoch=self.epoch, seq=self.head_seq,
             detail=detail)
         try:
             await call_hook(function, event)
@@ -357,11 +337,11 @@ class TaskRun:
         from wal_engine.runtime.resume import delete_snapshots, read_state
 
         try:
-            return await read_state(self.engine.store, self.task_id)
+            return await read_state(self.services.store, self.task_id)
         except SnapshotCorrupt as error:
             self.log.warning("snapshot_dropped", reason=str(error))
-            await delete_snapshots(self.engine.database, self.task_id)
-            return await read_state(self.engine.store, self.task_id, use_snapshot=False)
+            await delete_snapshots(self.services.database, self.task_id)
+            return await read_state(self.services.store, self.task_id, use_snapshot=False)
 
     async def _run_agent(self, context: Any, function: Any, agent_input: Any) -> None:
         trip = self.check_budget(at_claim=True)
@@ -410,33 +390,28 @@ class TaskRun:
         """Whether the worker can still trust this run's lease by its own monotonic clock
         (the last renewal plus the TTL less a margin): checked, without a round trip,
         before every effect. Thread-safe (tools call it from their thread)."""
-        return self.fenced_reason is None and self.worker.lease_valid(self.task_id, self.epoch)
+        return self.fenced_reason is None and self.host.lease_valid(self.task_id, self.epoch)
 
     @property
     def executor(self) -> Executor | None:
         """The worker's thread pool for sync tools and LLM functions."""
-        return self.worker.executor
+        return self.host.executor
 
     @property
     def lease_ttl_ms(self) -> int:
         """The lease TTL of the worker running this task."""
-        return self.worker.config.lease_ttl_ms
+        return self.host.lease_ttl_ms
 
     def redact(self, value: Any) -> Any:
         """``value`` as the log will record it (the engine's redactor); PayloadTooLarge,
         before any regex runs, if it cannot fit in an event."""
-        return redact_bounded(self.redactor, value, self._payload_bytes_max())
+        return redact_bounded(self.redactor, value, self.payload_bytes_max)
 
     def redact_text(self, text: str) -> str:
         """Free text (an error message) as the log and the logs may show it."""
         # Cut to what an event can hold first: patterns never look at text that cannot be
         # stored anyway.
-        return redact_text(self.redactor, text[:self._payload_bytes_max()])
-
-    def _payload_bytes_max(self) -> int:
-        # The replay checker's stand-in engine has no store: the default cap then.
-        store = vars(self.engine).get("store")
-        return limits.payload_bytes_max if store is None else int(store.payload_bytes_max)
+        return redact_text(self.redactor, text[:self.payload_bytes_max])
 
     async def append(self, events: Sequence[ev.Event], *, redacted: bool = False) -> None:
         """Write ahead: redact, validate, fold, then append in one fenced commit
@@ -451,11 +426,11 @@ class TaskRun:
         self.check_live()
         events = list(self._with_step_started(events))
         if not redacted:
-            events = [redact_event(e, self.redactor, bytes_max=self._payload_bytes_max())
+            events = [redact_event(e, self.redactor, bytes_max=self.payload_bytes_max)
                       for e in events]
         check_history_bound(self.task_id, self.head_seq, events,
-                            self.engine.store.events_per_task_max)
-        encoded = [ev.encode_event(e, payload_bytes_max=self.engine.store.payload_bytes_max)
+                            self.services.store.events_per_task_max)
+        encoded = [ev.encode_event(e, payload_bytes_max=self.services.store.payload_bytes_max)
                    for e in events]
         assert self.builder is not None
         for event in events:
@@ -464,7 +439,7 @@ class TaskRun:
         leaving = any(type(e).TARGET_STATUS not in (None, *LEASED) for e in events)
         self.leaving_lease = leaving
         try:
-            result = await self.engine.committer.append(PendingAppend(
+            result = await self.services.committer.append(PendingAppend(
                 task_id=self.task_id, epoch=self.epoch, expected_seq=self.head_seq,
                 prev_hash=self.head_hash, events=events, encoded=encoded,
             ))
@@ -535,16 +510,16 @@ class TaskRun:
         return first_trip(
             budget, self.usage(), planned_tool_calls=planned_tool_calls,
             check_steps=starting_step, check_attempts=at_claim,
-            attempts_default=self.engine.recovery_attempts_max,
+            attempts_default=self.services.recovery_attempts_max,
         )
 
     async def check_tenant_spend(self) -> BudgetTrip | None:
         """The tenant's LLM spend cap, if reached: the smaller of the engine's
         (``connect(llm_spend_max_usd=...)``) and the administrator's
         (``wal_tenants.llm_spend_max_usd``). One read per LLM call, off the append path."""
-        row = await self.engine.database.fetchrow(queries.TENANT_LLM_SPEND, task_id=self.task_id)
+        row = await self.services.database.fetchrow(queries.TENANT_LLM_SPEND, task_id=self.task_id)
         spent = 0.0 if row is None else float(row["llm_spend_usd"])
-        caps = [float(cap) for cap in (self.engine.llm_spend_max_usd,
+        caps = [float(cap) for cap in (self.services.llm_spend_max_usd,
                                        None if row is None else row["llm_spend_max_usd"])
                 if cap is not None]
         if caps and spent >= min(caps):
@@ -555,7 +530,7 @@ class TaskRun:
         """Add a recorded LLM call's cost to its tenant's spend (after the call is durable:
         a crash in between leaves that one call uncounted, never counted twice)."""
         if cost_usd > 0 and math.isfinite(cost_usd):
-            await self.engine.database.fetch(queries.ADD_LLM_SPEND, Decimal(repr(cost_usd)),
+            await self.services.database.fetch(queries.ADD_LLM_SPEND, Decimal(repr(cost_usd)),
                                              task_id=self.task_id)
 
     async def fail_budget(self, trip: BudgetTrip) -> None:
@@ -584,7 +559,7 @@ class TaskRun:
                           extra: dict[str, Any]) -> dict[str, Any]:
         state = self.state
         first = max(1, self.head_seq - diagnostic_events_max + 1)
-        last = await self.engine.store.read_events(self.task_id, from_seq=first,
+        last = await self.services.store.read_events(self.task_id, from_seq=first,
                                                    limit=diagnostic_events_max)
         return {
             **extra,
@@ -606,7 +581,7 @@ class TaskRun:
         failed = ev.TaskFailed(reason="unreadable_log", error=str(error)[:error_text_max],
                                diagnostic={"error_type": type(error).__name__})
         try:
-            await self.engine.store.append_events(
+            await self.services.store.append_events(
                 self.task_id, [failed], epoch=self.epoch, expected_seq=self.head_seq,
                 prev_hash=self.head_hash)
         except (LeaseLost, ConcurrencyConflict) as lost:
@@ -619,18 +594,18 @@ class TaskRun:
             raise Suspended
 
     async def _release(self, reason: str) -> None:
-        await self.append([ev.TaskReleased(worker_id=self.worker.worker_id, reason=reason)])
-        await self.engine.database.fetch(queries.WAKE_WORKERS)
+        await self.append([ev.TaskReleased(worker_id=self.worker_id, reason=reason)])
+        await self.services.database.fetch(queries.WAKE_WORKERS)
         self.log.info("task_released", reason=reason)
 
     async def maybe_snapshot(self) -> None:
         """Save a snapshot when the engine's policy says so (derived data, never required)."""
         from wal_engine.runtime.resume import save_snapshot_if_due
 
-        policy = self.engine.snapshot_policy
+        policy = self.services.snapshot_policy
         if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):
             return  # Cheap test first: the policy itself needs a copy of the state.
-        if await save_snapshot_if_due(self.engine.database, self.state, policy,
+        if await save_snapshot_if_due(self.services.database, self.state, policy,
                                       self.last_snapshot_seq, segments=self.snapshot_segments):
             self.last_snapshot_seq = self.head_seq
 

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import asyncpg
 import msgspec
@@ -44,12 +44,11 @@ from wal_engine.errors import DatabaseUnavailable
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
 from wal_engine.runtime.leases import LeaseKeeper
+from wal_engine.runtime.ports import AgentRegistry, RunServices
+from wal_engine.runtime.registry import record_worker, runnable_versions
+from wal_engine.runtime.run import TaskRun
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS
-
-if TYPE_CHECKING:
-    from wal_engine.engine import Engine
-    from wal_engine.runtime.run import TaskRun
 
 log = structlog.get_logger(__name__)
 
@@ -111,10 +110,14 @@ def new_worker_id() -> str:
 
 
 class Worker:
-    """Runs tasks of the engine's registered agents until stopped."""
+    """Runs tasks of the registered ``agents`` until stopped, with the engine's ``services``
+    (built by :meth:`wal_engine.engine.Engine.worker`). ``agents`` is read at each claim:
+    agents registered later are served too."""
 
-    def __init__(self, engine: Engine, config: WorkerConfig, worker_id: str | None = None):
-        self.engine = engine
+    def __init__(self, services: RunServices, agents: AgentRegistry, config: WorkerConfig,
+                 worker_id: str | None = None) -> None:
+        self.services = services
+        self.agents = agents
         self.config = config
         self.worker_id = worker_id or new_worker_id()
         self.runs: dict[str, TaskRun] = {}
@@ -125,13 +128,18 @@ class Worker:
         self.log = log.bind(worker_id=self.worker_id)
         self.claimed = 0
         self.keeper = LeaseKeeper(
-            dsn=engine.database.dsn,
-            session_settings=engine.database.session_settings(
+            dsn=services.database.dsn,
+            session_settings=services.database.session_settings(
                 f"wal-engine:{self.worker_id}:heartbeat"),
             lease_ttl_ms=config.lease_ttl_ms, heartbeat_ms=config.heartbeat_ms,
             stall_warn_ms=config.stall_warn_ms, stall_abandon_ms=config.stall_abandon_ms,
             on_lost=self._lease_lost, worker_id=self.worker_id)
         self.executor: ThreadPoolExecutor | None = None
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        """The lease TTL of this worker's claims."""
+        return self.config.lease_ttl_ms
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -187,10 +195,8 @@ class Worker:
     async def _register(self) -> None:
         """Record which agents this worker serves (advisory: ``submit`` warns about an
         agent no worker serves); a database outage does not stop the worker starting."""
-        from wal_engine.runtime.registry import record_worker
-
         try:
-            await record_worker(self.engine.database, self.worker_id, self.engine.agents)
+            await record_worker(self.services.database, self.worker_id, self.agents)
         except (*CONNECTION_ERRORS, asyncpg.PostgresError, DatabaseUnavailable) as error:
             self.log.warning("worker_registration_failed", error=repr(error))
 
@@ -225,8 +231,8 @@ class Worker:
 
     async def _claim(self, free: int) -> int:
         sent_at = time.monotonic()
-        agents, versions = self.engine.runnable_versions()
-        rows = await self.engine.database.fetch(
+        agents, versions = runnable_versions(self.agents)
+        rows = await self.services.database.fetch(
             queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
             agents, versions,
         )
@@ -240,9 +246,7 @@ class Worker:
         return len(rows)
 
     def _start_run(self, row: Any) -> None:
-        from wal_engine.runtime.run import TaskRun
-
-        run = TaskRun(self.engine, self, row)
+        run = TaskRun(self.services, self, row, self.agents.get(row["agent"]))
         self.runs[run.task_id] = run
         task = asyncio.create_task(self._execute(run), name=f"task:{run.task_id}")
         self._run_tasks.add(task)
@@ -329,7 +333,7 @@ class Worker:
     def _on_notify(self, _connection: object, _pid: object, _channel: object,
                    payload: object) -> None:
         # Another tenant's wake-up (same channel, its own token) is not ours to act on.
-        if payload in (self.engine.wake_token, ""):
+        if payload in (self.services.wake_token, ""):
             self._wake.set()
 
     async def _with_connection(
@@ -345,9 +349,9 @@ class Worker:
         while True:
             try:
                 connection = await asyncpg.connect(
-                    self.engine.database.dsn,
+                    self.services.database.dsn,
                     timeout=10,
-                    server_settings=self.engine.database.session_settings(
+                    server_settings=self.services.database.session_settings(
                         f"wal-engine:{self.worker_id}:{role}"),
                 )
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:

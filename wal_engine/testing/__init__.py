@@ -19,6 +19,7 @@ What is here (see ``docs/testing.md`` for a walk-through):
   check of :mod:`wal_engine.runtime.replayer`, the CLI's ``replay``) and history files.
 * :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
 * :mod:`wal_engine.testing.proxy`: a TCP proxy for network faults.
+* :mod:`wal_engine.testing.clock`: ``ManualClock``, a clock for tests that skip time.
 
 Names are loaded lazily, so importing this package pulls in neither Hypothesis nor pytest;
 type checkers read them through the ``TYPE_CHECKING`` imports (the same set as ``_lazy``).
@@ -30,6 +31,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _lazy = {
+    "ManualClock": "wal_engine.testing.clock",
     "DatabaseFactory": "wal_engine.testing.postgres",
     "TestServer": "wal_engine.testing.postgres",
     "start_test_server": "wal_engine.testing.postgres",
@@ -71,6 +73,7 @@ _lazy = {
 
 if TYPE_CHECKING:
     from wal_engine.runtime.replayer import check_history, replay_events
+    from wal_engine.testing.clock import ManualClock
     from wal_engine.testing.crash import (
         advance_timers,
         crash_at,
@@ -112,6 +115,7 @@ __all__ = [
     "EffectStats",
     "FaultProxy",
     "MachineStats",
+    "ManualClock",
     "ReplayMismatch",
     "StaleDelivery",
     "Submission",

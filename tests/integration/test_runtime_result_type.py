@@ -1,0 +1,160 @@
+"""ctx.tool and ctx.llm with result_type: converted through msgspec, live and on replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from wal_engine.engine import Engine
+from wal_engine.errors import ResultTypeError
+from wal_engine.events import ToolCallFailed
+from wal_engine.runtime.context import AgentContext, LlmResponse
+from wal_engine.runtime.replayer import check_history
+from wal_engine.state_machine import Status
+
+from .test_runtime import drive
+
+
+class Charge(msgspec.Struct, frozen=True):
+    """What the payment tool returns, as the agent wants it."""
+
+    charge_id: str
+    amount_cents: int
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    label: str
+    confidence: float
+
+
+async def test_a_tool_result_converts_to_its_result_type(engine: Engine) -> None:
+    """The agent gets a Charge (not a dict) live, and a re-check of the history against
+    the same code gets the same Charge from the log."""
+    seen: list[Any] = []
+    calls = {"n": 0}
+
+    async def charge(args: Any) -> dict[str, Any]:
+        calls["n"] += 1
+        return {"charge_id": "ch_1", "amount_cents": args["cents"]}
+
+    @engine.agent("typed")
+    async def typed(ctx: AgentContext, _: Any) -> Any:
+        result = await ctx.tool("charge", charge, {"cents": 1250}, result_type=Charge)
+        seen.append(result)
+        return {"type": type(result).__name__, "amount": result.amount_cents}
+
+    task_id = await engine.submit("typed")
+    state = await drive(engine, task_id)
+    assert state.status is Status.COMPLETED
+    assert state.output == {"type": "Charge", "amount": 1250}
+    report = await check_history(engine, task_id)
+    assert report.ok and report.outcome == "completed" and report.output_matches
+    assert seen == [Charge("ch_1", 1250), Charge("ch_1", 1250)] and calls["n"] == 1
+
+
+async def test_a_mismatch_is_recorded_as_the_calls_failure(engine: Engine) -> None:
+    """A result that does not fit is recorded as a non-retryable ResultTypeError failure
+    (the tool ran once), and the agent catches the same typed error live and on replay."""
+    calls = {"n": 0}
+    caught: list[str] = []
+
+    def charge(_: Any) -> dict[str, Any]:
+        calls["n"] += 1
+        return {"charge_id": "ch_1", "amount_cents": "twelve"}
+
+    @engine.agent("mismatch")
+    async def mismatch(ctx: AgentContext, _: Any) -> Any:
+        try:
+            await ctx.tool("charge", charge, None, result_type=Charge)
+        except ResultTypeError as error:
+            caught.append(error.call_id)
+            return {"error_type": error.error_type, "error": error.error}
+        return "converted"
+
+    task_id = await engine.submit("mismatch")
+    state = await drive(engine, task_id)
+    assert state.status is Status.COMPLETED and calls["n"] == 1
+    assert state.output["error_type"] == "ResultTypeError"
+    assert "amount_cents" in state.output["error"]
+    failed = [r.decode() for r in await engine.history(task_id) if r.type == "tool_call_failed"]
+    assert len(failed) == 1 and isinstance(failed[0], ToolCallFailed)
+    assert failed[0].error_type == "ResultTypeError" and not failed[0].retryable
+    report = await check_history(engine, task_id)
+    assert report.ok and report.output_matches
+    assert caught == [failed[0].call_id] * 2
+
+
+async def test_a_mismatch_is_not_retried_and_fails_an_uncaught_task(engine: Engine) -> None:
+    """Uncaught, the mismatch fails the task like any permanent failure of a call."""
+
+    async def model(_: Any) -> LlmResponse:
+        return LlmResponse(content={"label": "spam"}, input_tokens=3, output_tokens=2)
+
+    @engine.agent("classify")
+    async def classify(ctx: AgentContext, _: Any) -> Any:
+        return await ctx.llm("m", model, {"text": "buy now"}, result_type=Verdict)
+
+    task_id = await engine.submit("classify")
+    state = await drive(engine, task_id)
+    assert state.status is Status.FAILED and state.failure is not None
+    assert state.failure.reason == "agent_error"
+    assert state.failure.error is not None and "ResultTypeError" in state.failure.error
+    assert state.usage.llm_calls == 1
+
+
+async def test_an_llm_response_converts_and_replays(engine: Engine) -> None:
+    """An LLM response's content converts to its result_type; the replay gets the same."""
+
+    async def model(_: Any) -> LlmResponse:
+        return LlmResponse(content={"label": "spam", "confidence": 0.9}, input_tokens=3)
+
+    @engine.agent("verdict")
+    async def verdict(ctx: AgentContext, _: Any) -> Any:
+        result = await ctx.llm("m", model, {"text": "buy now"}, result_type=Verdict)
+        assert isinstance(result, Verdict)
+        return msgspec.to_builtins(result)
+
+    task_id = await engine.submit("verdict")
+    state = await drive(engine, task_id)
+    assert state.status is Status.COMPLETED
+    assert state.output == {"label": "spam", "confidence": 0.9}
+    report = await check_history(engine, task_id)
+    assert report.ok and report.output_matches
+
+
+async def test_a_recorded_result_that_no_longer_fits_raises_on_replay(engine: Engine) -> None:
+    """Code changed to a type the recorded result does not fit gets ResultTypeError from
+    the log (nothing is called again), without result_type the plain value as before."""
+
+    async def charge(_: Any) -> dict[str, Any]:
+        return {"charge_id": "ch_1", "amount_cents": 5}
+
+    @engine.agent("evolving")
+    async def evolving(ctx: AgentContext, _: Any) -> Any:
+        return await ctx.tool("charge", charge)
+
+    task_id = await engine.submit("evolving")
+    state = await drive(engine, task_id)
+    assert state.output == {"charge_id": "ch_1", "amount_cents": 5}
+
+    async def strict(ctx: AgentContext, _: Any) -> Any:
+        return await ctx.tool("charge", charge, result_type=Verdict)
+
+    report = await check_history(engine, task_id, agents={"evolving": strict})
+    assert report.outcome == "diverged" and report.divergence is not None
+    assert report.divergence.kind == "ending"
+    assert "today's code raises ResultTypeError" in report.divergence.detail
+
+
+def test_convert_result_refuses_a_mismatch_with_a_typed_error() -> None:
+    """The conversion itself: a value that fits converts, one that does not raises."""
+    from wal_engine.runtime.context import convert_result
+
+    assert convert_result("tool-1", {"charge_id": "c", "amount_cents": 1}, Charge) == \
+        Charge("c", 1)
+    assert convert_result("tool-1", [1, 2], tuple[int, ...]) == (1, 2)
+    with pytest.raises(ResultTypeError) as raised:
+        convert_result("tool-9", {"charge_id": "c"}, Charge)
+    assert raised.value.call_id == "tool-9" and "amount_cents" in raised.value.error

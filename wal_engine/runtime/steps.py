@@ -1,0 +1,167 @@
+"""What the agent context and the call driver share: calling a user function (on the loop
+or the worker's thread pool, with a timeout), converting a recorded result to the type the
+code asks for, and delivering signals from the inbox.
+
+Below both :mod:`wal_engine.runtime.context` (the facade agent code sees) and
+:mod:`wal_engine.runtime.calls` (the write-ahead protocol of calls), so that neither
+imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from replay.journal import Recorded
+from wal_engine import events as ev
+from wal_engine import failpoints
+from wal_engine.errors import CallTimedOut, ResultTypeError, ToolError
+from wal_engine.payloads import decode_payload
+from wal_engine.runtime.control import Suspended
+from wal_engine.store import queries
+
+if TYPE_CHECKING:
+    from wal_engine.runtime.ports import Run
+
+error_text_max: Final = 2000
+"""Longest error text a failed conversion records (msgspec's message, cut)."""
+
+
+class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """What an LLM function returns: the response and its usage (journaled with it)."""
+
+    content: Any = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+def recorded_value(outcome: Recorded, result_type: Any = None) -> Any:
+    """What a recorded outcome gives the code: its result (converted to ``result_type``
+    when given), or its failure raised as :class:`ToolError`/:class:`ResultTypeError`."""
+    error = outcome.error
+    if error is not None:
+        if error.error_type == RESULT_TYPE_ERROR:
+            raise ResultTypeError(outcome.call_id, error.error)
+        raise ToolError(outcome.call_id, error.error_type, error.error)
+    if result_type is None:
+        return outcome.result
+    return convert_result(outcome.call_id, outcome.result, result_type)
+
+
+RESULT_TYPE_ERROR: Final = ResultTypeError.__name__
+"""The ``error_type`` a call's failure records when its result did not convert."""
+
+
+def convert_result(call_id: str, value: Any, result_type: Any) -> Any:
+    """``value`` (a result as recorded) converted to ``result_type`` by msgspec, from its
+    plain JSON form: live and on replay alike, the code gets the same typed value.
+
+    Raises:
+        ResultTypeError: it does not convert.
+    """
+    try:
+        return msgspec.convert(msgspec.to_builtins(value), result_type)
+    except (msgspec.ValidationError, TypeError) as error:
+        raise ResultTypeError(call_id, str(error)[:error_text_max]) from error
+
+
+async def wait_signal(run: Run, name: str, timeout_ms: int | None) -> Any:
+    """Deliver a signal from the inbox, or wait durably for one (also for internal waits)."""
+    found, payload = await take_signal(run, name)
+    if found:
+        return payload
+    await run.append([ev.SignalAwaited(name=name, timeout_ms=timeout_ms)])
+    # A signal that committed while our wait was being written may have missed the wake-up
+    # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
+    if await _unconsumed_signals(run, name, 1):
+        await run.append([ev.TaskWoken(reason="signal")])
+        await run.services.database.fetch(queries.WAKE_WORKERS)
+    raise Suspended
+
+
+async def _unconsumed_signals(run: Run, name: str, limit: int) -> list[Any]:
+    return await run.services.database.fetch(queries.READ_SIGNALS, run.task_id, name,
+                                           list(run.view.signal_ids), limit)
+
+
+async def take_signal(run: Run, name: str) -> tuple[bool, Any]:
+    """Consume the oldest unconsumed signal ``name``: ``(True, payload)``, or ``(False, None)``."""
+    rows = await _unconsumed_signals(run, name, 1)
+    if not rows:
+        return False, None
+    payload = decode_payload(rows[0]["payload"])
+    await run.append([ev.SignalReceived(name=name, payload=payload,
+                                        signal_id=rows[0]["signal_id"])])
+    received = run.last_appended[-1]
+    assert isinstance(received, ev.SignalReceived)
+    return True, received.payload
+
+
+def _is_async(function: Callable[[Any], Any]) -> bool:
+    """Whether calling ``function`` returns a coroutine without running anything first."""
+    target = function.func if isinstance(function, functools.partial) else function
+    # An object whose __call__ is async (a class-based tool) is async too. B004 is about
+    # testing callability, which is not what this asks.
+    call = getattr(target, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
+
+
+async def call_function(function: Callable[[Any], Any], argument: Any,
+                        timeout_s: float | None,
+                        executor: concurrent.futures.Executor | None) -> Any:
+    """Call a user function with an optional timeout: an async one on the loop, a sync one
+    on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
+    the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
+
+    Raises:
+        CallTimedOut: past ``timeout_s``.
+    """
+    failpoints.hit("during_effect")
+    if executor is None or _is_async(function):
+        result = function(argument)
+        if not inspect.isawaitable(result):
+            return result
+        if not timeout_s:
+            return await result
+        try:
+            return await asyncio.wait_for(result, timeout_s)
+        except TimeoutError as error:
+            raise CallTimedOut(timeout_s, None) from error
+    loop = asyncio.get_running_loop()
+    try:
+        thread = loop.run_in_executor(executor, contextvars.copy_context().run, function,
+                                      argument)
+    except RuntimeError as error:
+        # The pool is shut down: the worker is going away and this attempt never started.
+        # It unwinds the run like the cancellation it is, never as the tool's failure.
+        raise asyncio.CancelledError("the worker's thread pool is shut down") from error
+    try:
+        result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
+    except TimeoutError as error:
+        raise CallTimedOut(timeout_s or 0.0, _thread_future(thread)) from error
+    if inspect.isawaitable(result):  # A sync function that returned a coroutine.
+        return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
+    return result
+
+
+def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any]:
+    """A thread-safe view of whether the executor's work is done."""
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def finished(future: asyncio.Future[Any]) -> None:
+        # Retrieve the late outcome, so that asyncio does not report it as never retrieved:
+        # the attempt was already recorded as timed out.
+        if not future.cancelled():
+            future.exception()
+        done.set_result(None)
+
+    thread.add_done_callback(finished)
+    return done
