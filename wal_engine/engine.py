@@ -20,7 +20,6 @@ from wal_engine.clock import SYSTEM_CLOCK, SYSTEM_RANDOM, Clock, RandomSource
 from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
-    DatabaseUnavailable,
     DuplicateRow,
     InvalidInput,
     ReconcileRefused,
@@ -29,6 +28,7 @@ from wal_engine.errors import (
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
 from wal_engine.payloads import encode_payload
+from wal_engine.retries import EMIT_RETRY, READ_RETRY, retrying
 from wal_engine.runtime.control import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.runtime.control import approval_signal, reconcile_signal
 from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
@@ -46,7 +46,7 @@ from wal_engine.security.redaction import (
 )
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
-from wal_engine.store.connection import CONNECTION_ERRORS
+from wal_engine.store.connection import is_unavailable
 from wal_engine.store.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ F = TypeVar("F", bound=AgentFunction)
 ConfigT = TypeVar("ConfigT", bound=msgspec.Struct)
 
 wait_poll_s_default: Final = 0.05
-emit_attempts_max: Final = 10
 recovery_attempts_max_default: Final = 20
 """Claims of one task before it is failed as dead-lettered, when its budget sets no
 ``max_attempts`` (RELIABILITY.md R11): a task that crashes every worker stops."""
@@ -339,15 +338,10 @@ class Engine:
         Its event takes the next seq; if the task's owner appended that very seq at the same
         moment, the primary key refuses ours and the statement is simply run again.
         """
-        for attempt in range(emit_attempts_max):
-            try:
-                return await self.database.fetchrow(statement, task_id, *args,
-                                                    task_id=task_id)
-            except DuplicateRow:
-                if attempt == emit_attempts_max - 1:
-                    raise
-                await asyncio.sleep(0.005 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return await retrying(
+            EMIT_RETRY,
+            lambda: self.database.fetchrow(statement, task_id, *args, task_id=task_id),
+            retry_if=_lost_seq_race, key=task_id)
 
     async def fork(self, task_id: str, at_seq: int) -> TaskId:
         """A new task continuing a prefix of ``task_id``'s history up to ``at_seq``."""
@@ -374,12 +368,9 @@ class Engine:
         """Wait until the task is COMPLETED or FAILED; return its final state. A poll
         that loses its connection is simply made again (it is a read) until the timeout."""
         async def finished() -> None:
-            while True:
-                try:
-                    if (await self.store.read_head(task_id)).status in TERMINAL:
-                        return
-                except (*CONNECTION_ERRORS, DatabaseUnavailable):
-                    pass
+            while (await retrying(READ_RETRY, lambda: self.store.read_head(task_id),
+                                  retry_if=is_unavailable, key=task_id)
+                   ).status not in TERMINAL:
                 await asyncio.sleep(poll_s)
 
         try:
@@ -421,6 +412,11 @@ class Engine:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def _lost_seq_race(error: BaseException) -> bool:
+    """The task's owner appended the seq our database-written event wanted: run it again."""
+    return isinstance(error, DuplicateRow)
 
 
 async def connect(dsn: str | None = None, *, config: EngineConfig | None = None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -40,20 +41,24 @@ import msgspec
 import structlog
 
 from wal_engine import failpoints
-from wal_engine.errors import DatabaseUnavailable
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
+from wal_engine.retries import CLAIM_RETRY, RECONNECT_RETRY, retrying
 from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.runtime.ports import AgentRegistry, RunServices
 from wal_engine.runtime.registry import record_worker, runnable_versions
 from wal_engine.runtime.run import TaskRun
 from wal_engine.store import queries
-from wal_engine.store.connection import CONNECTION_ERRORS
+from wal_engine.store.connection import (
+    CONNECTION_ERRORS,
+    UNAVAILABLE_ERRORS,
+    connect_once,
+    is_unavailable,
+)
 
 log = structlog.get_logger(__name__)
 
 WAKE_CHANNEL: Final = "wal_engine_wake"
-reconnect_delay_max_s: Final = 5.0
 sweep_batch_max: Final = 100
 next_expiry_sql: Final = """
 SELECT extract(epoch FROM min(lease_expires_at) - now()) * 1000 AS wait_ms
@@ -197,7 +202,7 @@ class Worker:
         agent no worker serves); a database outage does not stop the worker starting."""
         try:
             await record_worker(self.services.database, self.worker_id, self.agents)
-        except (*CONNECTION_ERRORS, asyncpg.PostgresError, DatabaseUnavailable) as error:
+        except (*UNAVAILABLE_ERRORS, asyncpg.PostgresError) as error:
             self.log.warning("worker_registration_failed", error=repr(error))
 
     async def _drain(self) -> None:
@@ -221,7 +226,7 @@ class Worker:
             free = self.config.concurrency - len(self.runs)
             claimed = 0
             if free > 0:
-                claimed = await self._guarded(self._claim(free))
+                claimed = await self._guarded(functools.partial(self._claim, free))
             if until_idle and claimed == 0 and not self.runs:
                 return
             if claimed == free and free > 0:
@@ -268,14 +273,19 @@ class Worker:
             self.keeper.drop(run.task_id)
             self._wake.set()
 
-    async def _guarded(self, work: Awaitable[int]) -> int:
-        """Run one statement of a loop; a database outage is waited out, not fatal."""
+    async def _guarded(self, work: Callable[[], Awaitable[int]]) -> int:
+        """Run one statement of a loop, a few times (CLAIM_RETRY); a database outage is
+        then left to the loop's next poll, not fatal."""
         try:
-            return await work
-        except (*CONNECTION_ERRORS, asyncpg.PostgresError, DatabaseUnavailable) as error:
-            self.log.warning("worker_statement_failed", error=repr(error))
-            await asyncio.sleep(min(reconnect_delay_max_s, self.config.poll_ms / 1000))
+            return await retrying(CLAIM_RETRY, work, retry_if=_outage, key=self.worker_id,
+                                  on_retry=self._statement_failed)
+        except (*UNAVAILABLE_ERRORS, asyncpg.PostgresError) as error:
+            self._statement_failed(error, CLAIM_RETRY.attempts_max or 1, 0.0)
             return 0
+
+    def _statement_failed(self, error: BaseException, attempt: int, delay_s: float) -> None:
+        self.log.warning("worker_statement_failed", error=repr(error), attempt=attempt,
+                         delay_s=round(delay_s, 3))
 
     # ------------------------------------------------------------------ leases
 
@@ -345,21 +355,17 @@ class Worker:
         ``step`` returns the seconds to wait before its next call, or None to use
         ``interval_s``.
         """
-        delay_s = 0.05
+        database = self.services.database
+        settings = database.session_settings(f"wal-engine:{self.worker_id}:{role}")
+
+        def connect_failed(error: BaseException, attempt: int, delay_s: float) -> None:
+            self.log.warning("worker_connect_failed", role=role, error=repr(error),
+                             attempt=attempt, delay_s=round(delay_s, 3))
+
         while True:
-            try:
-                connection = await asyncpg.connect(
-                    self.services.database.dsn,
-                    timeout=10,
-                    server_settings=self.services.database.session_settings(
-                        f"wal-engine:{self.worker_id}:{role}"),
-                )
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
-                self.log.warning("worker_connect_failed", role=role, error=repr(error))
-                await asyncio.sleep(delay_s)
-                delay_s = min(reconnect_delay_max_s, delay_s * 2)
-                continue
-            delay_s = 0.05
+            connection = await retrying(
+                RECONNECT_RETRY, lambda: connect_once(database.dsn, settings),
+                retry_if=_outage, key=f"{self.worker_id}:{role}", on_retry=connect_failed)
             try:
                 while True:
                     wait_s = await step(connection)
@@ -371,7 +377,12 @@ class Worker:
                 # terminated mid-statement, for one): a dead heartbeat or sweep loop leaves
                 # leases unrenewed or expired leases unbroken for good.
                 self.log.error("worker_loop_failed", role=role, error=repr(error))
-                await asyncio.sleep(delay_s)
+                await asyncio.sleep(RECONNECT_RETRY.initial_delay_s)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 2)
+
+
+def _outage(error: BaseException) -> bool:
+    """A database outage, or a SQL error of the engine's own loop statements (waited out)."""
+    return is_unavailable(error) or isinstance(error, asyncpg.PostgresError)
