@@ -150,7 +150,7 @@ async def test_a_recorded_result_that_no_longer_fits_raises_on_replay(engine: En
 
 def test_convert_result_refuses_a_mismatch_with_a_typed_error() -> None:
     """The conversion itself: a value that fits converts, one that does not raises."""
-    from wal_engine.runtime.context import convert_result
+    from wal_engine.runtime.steps import convert_result
 
     assert convert_result("tool-1", {"charge_id": "c", "amount_cents": 1}, Charge) == \
         Charge("c", 1)

@@ -42,13 +42,12 @@ import structlog
 from wal_engine import failpoints
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
+from wal_engine.retries import RECONNECT_RETRY, retrying
 from wal_engine.store import queries
-from wal_engine.store.connection import CONNECTION_ERRORS
+from wal_engine.store.connection import CONNECTION_ERRORS, connect_once, is_unavailable
 
 log = structlog.get_logger(__name__)
 
-reconnect_delay_max_s: Final = 5.0
-connect_timeout_s: Final = 10.0
 watchdog_interval_max_s: Final = 0.25
 stop_timeout_s: Final = 5.0
 stack_frames_max: Final = 8
@@ -95,6 +94,7 @@ class LeaseKeeper:
                  heartbeat_ms: int, stall_warn_ms: int, stall_abandon_ms: int,
                  on_lost: Callable[[str, int], None], worker_id: str) -> None:
         self.dsn = dsn
+        self.worker_id = worker_id
         self.session_settings = dict(session_settings)
         self.lease_ttl_ms = lease_ttl_ms
         self.heartbeat_s = heartbeat_ms / 1000
@@ -192,19 +192,29 @@ class LeaseKeeper:
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
 
+    async def _connect(self) -> asyncpg.Connection:
+        """The renewals' own session, reconnecting (RECONNECT_RETRY) until the keeper stops
+        (then :class:`_KeeperStopped`)."""
+
+        async def pause(seconds: float) -> None:
+            if await self._sleep(seconds):
+                raise _KeeperStopped
+
+        def failed(error: BaseException, attempt: int, delay_s: float) -> None:
+            self.log.warning("worker_connect_failed", role="heartbeat", error=repr(error),
+                             attempt=attempt, delay_s=round(delay_s, 3))
+
+        return await retrying(RECONNECT_RETRY,
+                              lambda: connect_once(self.dsn, self.session_settings),
+                              retry_if=_outage, key=f"{self.worker_id}:heartbeat",
+                              on_retry=failed, sleep=pause)
+
     async def _renew_forever(self) -> None:
-        delay_s = 0.05
         while True:
             try:
-                connection = await asyncpg.connect(self.dsn, timeout=connect_timeout_s,
-                                                   server_settings=self.session_settings)
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
-                self.log.warning("worker_connect_failed", role="heartbeat", error=repr(error))
-                if await self._sleep(delay_s):
-                    return
-                delay_s = min(reconnect_delay_max_s, delay_s * 2)
-                continue
-            delay_s = 0.05
+                connection = await self._connect()
+            except _KeeperStopped:
+                return
             try:
                 while True:
                     await self._renew(connection)
@@ -216,7 +226,7 @@ class LeaseKeeper:
                 # The thread must outlive any error: a dead keeper leaves every lease to
                 # expire while the worker believes it is working.
                 self.log.error("worker_loop_failed", role="heartbeat", error=repr(error))
-                if await self._sleep(delay_s):
+                if await self._sleep(RECONNECT_RETRY.initial_delay_s):
                     return
             finally:
                 with contextlib.suppress(Exception):
@@ -307,3 +317,12 @@ class LeaseKeeper:
         frames = traceback.extract_stack(frame)[-stack_frames_max:]
         return " <- ".join(f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
                            for f in reversed(frames))
+
+
+class _KeeperStopped(Exception):
+    """The keeper was stopped while its session was reconnecting."""
+
+
+def _outage(error: BaseException) -> bool:
+    """A database outage, or a SQL error of the renewal session's start (waited out)."""
+    return is_unavailable(error) or isinstance(error, asyncpg.PostgresError)

@@ -42,6 +42,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.observability import metrics
+from wal_engine.retries import RUN_RECONNECT_RETRY, retrying
 from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.runtime.hooks import HookEvent, call_hook
 from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
@@ -68,7 +69,8 @@ _no_budget: Final = ev.Budget()
 diagnostic_events_max: Final = 10
 interruptions_max: Final = 20
 """Lost connections one run goes on after (each recorded as ``run_interrupted``)."""
-reconnect_delay_max_s: Final = 2.0
+DISCONNECTS: Final = (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit)
+"""What a lost connection looks like to a run: a disconnect, or an append left in doubt."""
 release_timeout_s: Final = 5.0
 """How long a cancelled run may take to hand its task back before the worker exits."""
 error_text_max: Final = 2000
@@ -193,7 +195,7 @@ class TaskRun:
             except Fenced:
                 self.log.warning("task_run_fenced", reason=self.fenced_reason)
                 return
-            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
+            except DISCONNECTS as error:
                 self.log.warning("task_run_interrupted", error=self.redact_text(repr(error)),
                                  interruption=interruption + 1)
                 if interruption == interruptions_max or not await self._continue(error):
@@ -212,18 +214,18 @@ class TaskRun:
         """The state read just after the claim. A lost connection here is retried while
         the lease can be trusted (nothing ran yet, so there is nothing to record); giving
         up left the task to lease expiry, one claim per connection lost at this point."""
-        delay_s = 0.05
-        while True:
-            try:
-                return await self._read_state()
-            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit) as error:
-                if not self.lease_trusted():
-                    self.log.warning("task_run_given_up", error=self.redact_text(repr(error)),
-                                     reason="lease expired while disconnected, before the "
-                                            "first read")
-                    return None
-                await asyncio.sleep(delay_s)
-                delay_s = min(reconnect_delay_max_s, delay_s * 2)
+        try:
+            return await retrying(RUN_RECONNECT_RETRY, self._read_state,
+                                  retry_if=self._reconnectable, key=self.task_id)
+        except DISCONNECTS as error:
+            self.log.warning("task_run_given_up", error=self.redact_text(repr(error)),
+                             reason="lease expired while disconnected, before the first read")
+            return None
+
+    def _reconnectable(self, error: BaseException) -> bool:
+        """Whether to wait for the database once more: a lost connection (or an append in
+        doubt) while the lease can still be trusted."""
+        return isinstance(error, DISCONNECTS) and self.lease_trusted()
 
     def _adopt(self, resumed: ResumedState) -> bool:
         """Take ``resumed`` as the run's state; False (fenced) if the log moved past the
@@ -253,26 +255,28 @@ class TaskRun:
         """After a lost connection: wait for the database while the lease can be trusted,
         read the log back (which settles any append in doubt), check the lease is still
         ours, record what is known and the interruption, and say whether to run again."""
-        delay_s = 0.05
-        while self.lease_trusted():
+        async def resume_in_place() -> bool:
+            head = await self.services.store.read_head(self.task_id)
+            if head.lease_epoch != self.epoch or head.status not in LEASED:
+                self.fence(f"lease moved while the connection was lost (epoch "
+                           f"{head.lease_epoch}, status {head.status.value})")
+                return False
+            self.head_seq, self.head_hash = head.head_seq, head.head_hash
+            if not self._adopt(await self._read_state()):
+                return False
+            await self._settle_outcomes()
+            await self.append([ev.RunInterrupted(
+                error_type=type(error).__name__, error=_interruption_text(error, self),
+                worker_id=self.worker_id)])
+            self._new_journal()
+            return True
+
+        if self.lease_trusted():
             try:
-                head = await self.services.store.read_head(self.task_id)
-                if head.lease_epoch != self.epoch or head.status not in LEASED:
-                    self.fence(f"lease moved while the connection was lost (epoch "
-                               f"{head.lease_epoch}, status {head.status.value})")
-                    return False
-                self.head_seq, self.head_hash = head.head_seq, head.head_hash
-                if not self._adopt(await self._read_state()):
-                    return False
-                await self._settle_outcomes()
-                await self.append([ev.RunInterrupted(
-                    error_type=type(error).__name__, error=_interruption_text(error, self),
-                    worker_id=self.worker_id)])
-                self._new_journal()
-                return True
-            except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
-                await asyncio.sleep(delay_s)
-                delay_s = min(reconnect_delay_max_s, delay_s * 2)
+                return await retrying(RUN_RECONNECT_RETRY, resume_in_place,
+                                      retry_if=self._reconnectable, key=self.task_id)
+            except DISCONNECTS:
+                pass
             except Fenced:
                 # An append here found the lease gone (another worker took the task over
                 # while this one was disconnected). Fenced is a BaseException: left to
@@ -362,7 +366,7 @@ class TaskRun:
         except (LeaseLost, ConcurrencyConflict) as error:
             self.fence(str(error))
             raise Fenced from error
-        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+        except DISCONNECTS:
             raise
         except Exception as error:
             self.log.error("agent_failed", error=self.redact_text(repr(error)))
@@ -447,7 +451,7 @@ class TaskRun:
             self.leaving_lease = False
             self.fence(str(error))
             raise Fenced from error
-        except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
+        except DISCONNECTS:
             self.leaving_lease = False
             self._unsettled = [e for e in events if isinstance(e, _OUTCOMES)]
             raise
