@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,10 +99,20 @@ def one_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+def workspace() -> Iterator[Path]:
+    """A directory for the venv, the project and the demo's data directory, made with
+    mkdtemp: the embedded servers run as an unprivileged user when the tests run as root,
+    and pytest's tmp_path root is reset to mode 0700 by every pytest session that starts
+    meanwhile (which cut a running demo server off from its own binaries)."""
+    base = Path(tempfile.mkdtemp(prefix="wal-engine-walkthrough-"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def install(workspace: Path) -> Iterator[Install]:
     """``python -m venv`` and ``pip install 'CHECKOUT[embedded]'``, as a user does."""
-    base = tmp_path_factory.mktemp("walkthrough")
-    venv, project = base / "venv", base / "project"
+    venv, project = workspace / "venv", workspace / "project"
     project.mkdir()
     started = time.monotonic()
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,
@@ -114,23 +124,11 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
                                timeout=INSTALL_TIMEOUT_S, check=False)
     assert installed.returncode == 0, _described(pip, installed)
     print(f"walkthrough: venv and pip install took {time.monotonic() - started:.1f} s")
-    return Install(venv, env, project)
-
-
-@pytest.fixture(scope="module")
-def demo_data_dir(install: Install) -> Iterator[Path]:
-    """WAL_ENGINE_DATA_DIR for the demo's embedded server (made with mkdtemp, a path the
-    unprivileged server user can reach when the tests run as root); the server is stopped
-    and its directory removed afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="wal-engine-walkthrough-"))
-    data_dir = root / "pgdata"
-    yield data_dir
-    try:
-        if data_dir.exists():
-            run(install, "embedded", "stop", env={**install.env,
-                                                  "WAL_ENGINE_DATA_DIR": str(data_dir)})
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    yield Install(venv, env, project)
+    data_dir = workspace / "pgdata"
+    if data_dir.exists():  # The demo's embedded server keeps running after the demo.
+        run(Install(venv, {**env, "WAL_ENGINE_DATA_DIR": str(data_dir)}, project),
+            "embedded", "stop")
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -184,13 +182,13 @@ def test_the_installed_command_is_the_checkout_s_version(install: Install) -> No
     assert Path(where.stdout.strip()).is_relative_to(install.venv), where.stdout
 
 
-def test_the_demo_does_what_the_readme_says(install: Install, demo_data_dir: Path) -> None:
+def test_the_demo_does_what_the_readme_says(install: Install, workspace: Path) -> None:
     """The README's first command: a worker SIGKILLed mid-task, another resuming it from
     the log, an approval, the verified chain, each side effect once."""
     first = re.search(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
     assert first is not None and first.group(1).endswith("&& wal-engine demo")
     done = run(install, "demo", timeout=DEMO_TIMEOUT_S,
-               env={**install.env, "WAL_ENGINE_DATA_DIR": str(demo_data_dir)})
+               env={**install.env, "WAL_ENGINE_DATA_DIR": str(workspace / "pgdata")})
     out = done.stdout
     (task_id,) = re.findall(r"^submitted task (t-[0-9a-f]{32})$", out, re.M)
     assert "worker-A exited with -9 (SIGKILL is -9)" in out
@@ -223,22 +221,33 @@ def test_setup_then_a_task_as_the_application_role(install: Install,
     try:
         task_id = _run_the_task(app)
         _read_it_back(app, task_id)
-    finally:
-        logged = _stop_worker(worker)
+    except BaseException:
+        worker.halt()
+        print(f"--- worker log\n{worker.log.read_text()}")  # Shown with the failure.
+        raise
+    logged = _stop_worker(worker)
     assert f'"task_id":"{task_id}"' in logged and '"event":"task_completed"' in logged
     assert '"event":"worker_stopped"' in logged
 
 
 def _readme_agent() -> str:
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    (agent,) = [block for block in blocks if "def register(engine: Engine)" in block]
-    return str(agent)
+    (agent,) = [str(block) for block in blocks if "def register(engine: Engine)" in block]
+    return agent
 
 
 @dataclass
 class Worker:
+    """A ``wal-engine worker`` subprocess and the file its output goes to."""
+
     process: subprocess.Popen[bytes]
     log: Path
+
+    def halt(self) -> None:
+        """SIGKILL it (a failed test must not leave it running)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=WORKER_STOP_DEADLINE_S)
 
 
 def _start_worker(app: Install) -> Worker:
@@ -266,8 +275,7 @@ def _stop_worker(worker: Worker) -> str:
     try:
         code = worker.process.wait(timeout=WORKER_STOP_DEADLINE_S)
     except subprocess.TimeoutExpired:
-        worker.process.kill()
-        worker.process.wait()
+        worker.halt()
         raise AssertionError(f"worker ignored SIGINT:\n{worker.log.read_text()}") from None
     logged = worker.log.read_text()
     assert code == 0, f"worker exited {code}:\n{logged}"
@@ -275,24 +283,31 @@ def _stop_worker(worker: Worker) -> str:
     return logged
 
 
-def _wait_for(app: Install, task_id: str, wanted: str, what: str) -> dict[str, Any]:
-    """Poll ``show TASK --json`` until ``what(state)`` names ``wanted``, with a deadline."""
+def _wait_for(app: Install, task_id: str, what: str,
+              reached: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll ``show TASK --json`` until ``reached(state)``, with a deadline."""
     deadline = time.monotonic() + STATE_DEADLINE_S
     while True:
         state = one_json(run(app, "show", task_id, "--json"))
-        if _describe(state, what) == wanted:
+        if reached(state):
             return state
-        assert time.monotonic() < deadline, f"waited for {what} {wanted}: {state}"
+        assert time.monotonic() < deadline, f"waited for {what}: {state}"
         time.sleep(0.2)
 
 
-def _describe(state: dict[str, Any], what: str) -> str | None:
-    if what == "status":
-        return str(state["status"])
-    waiting_on = state["waiting_on"] or {}
-    if what == "timer":
-        return "timer" if state["status"] == "WAITING" and "timer_id" in waiting_on else None
-    return waiting_on.get("signal") if state["status"] == "WAITING" else None
+def _asleep(state: dict[str, Any]) -> bool:
+    return bool(state["status"] == "WAITING" and "timer_id" in (state["waiting_on"] or {}))
+
+
+def _awaiting(signal_name: str) -> Callable[[dict[str, Any]], bool]:
+    def awaiting(state: dict[str, Any]) -> bool:
+        return bool(state["status"] == "WAITING"
+                    and (state["waiting_on"] or {}).get("signal") == signal_name)
+    return awaiting
+
+
+def _completed(state: dict[str, Any]) -> bool:
+    return bool(state["status"] == "COMPLETED")
 
 
 def _run_the_task(app: Install) -> str:
@@ -302,11 +317,11 @@ def _run_the_task(app: Install) -> str:
     queued = one_json(submitted)
     task_id = str(queued["task_id"])
     assert queued["agent"] == "triage" and queued["status"] == "QUEUED"
-    asleep = _wait_for(app, task_id, "timer", "timer")
+    asleep = _wait_for(app, task_id, "the durable sleep", _asleep)
     assert asleep["usage"]["tool_calls"] == 1 and asleep["next_action"] == "lookup"
     assert one_json(run(app, "timer", "fire", task_id, "--json")) == {
         "task_id": task_id, "fired": True}
-    _wait_for(app, task_id, "manager_ok", "signal")
+    _wait_for(app, task_id, "the signal manager_ok", _awaiting("manager_ok"))
     (awaited,) = json_lines(run(app, "pending", "--json"))
     assert awaited["waiting_for"] == "signal" and awaited["signal"] == "manager_ok"
     sent = one_json(run(app, "signal", task_id, "manager_ok", "--payload", '{"ok": true}',
@@ -318,7 +333,7 @@ def _run_the_task(app: Install) -> str:
     approved = one_json(run(app, "approve", task_id, approval["call_id"], "--approver", "ops",
                             "--json"))
     assert approved["approved"] is True and approved["approver"] == "ops"
-    done = _wait_for(app, task_id, "COMPLETED", "status")
+    done = _wait_for(app, task_id, "COMPLETED", _completed)
     assert done["output"]["refund"] == {"refunded": 20}
     assert done["output"]["approval"] == {"ok": True}
     assert done["output"]["account"] == {"id": "c-1", "tier": "gold"}
