@@ -251,12 +251,15 @@ class Worker:
 
 
 def _start_worker(app: Install) -> Worker:
-    """``wal-engine worker --agents triage:register`` in the directory holding triage.py
-    (the working directory is importable, as the README has it); returns once it runs."""
+    """``wal-engine worker --agents triage:register --dsn APP_DSN`` in the directory holding
+    triage.py (the working directory is importable, as the README has it; the other
+    commands take the DSN from WAL_ENGINE_DSN); returns once it runs."""
     log = app.project / "worker.log"
+    env = dict(app.env)
+    command = [app.wal_engine, "worker", "--agents", "triage:register",
+               "--dsn", env.pop("WAL_ENGINE_DSN")]
     with log.open("wb") as sink:
-        process = subprocess.Popen([app.wal_engine, "worker", "--agents", "triage:register"],
-                                   cwd=app.project, env=app.env, stdout=sink,
+        process = subprocess.Popen(command, cwd=app.project, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT)
     worker = Worker(process, log)
     deadline = time.monotonic() + STATE_DEADLINE_S
