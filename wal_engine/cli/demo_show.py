@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Final
 
 from rich.console import Console
@@ -25,6 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from wal_engine.cli import demo
+from wal_engine.cli.common import EXIT_FINDING, CliError
 from wal_engine.cli.render import summary
 from wal_engine.engine import Engine, connect
 from wal_engine.state_machine import TERMINAL, Status
@@ -32,15 +36,19 @@ from wal_engine.state_machine import TERMINAL, Status
 poll_s: Final = 0.05
 
 
-def _spawn_worker(dsn: str, worker_id: str, failpoint: str | None) -> subprocess.Popen[bytes]:
+def _spawn_worker(dsn: str, worker_id: str, failpoint: str | None,
+                  logs: Path) -> subprocess.Popen[bytes]:
+    """A demo worker subprocess; its output goes to ``logs/WORKER_ID.log`` (a directory of
+    this run's own: concurrent demos do not share files)."""
     env = {**os.environ, "WAL_ENGINE_LOG_LEVEL": "warning"}
     env.pop("ENGINE_FAILPOINT", None)
     if failpoint:
         env["ENGINE_FAILPOINT"] = failpoint
-    return subprocess.Popen(
-        [sys.executable, "-m", "wal_engine.cli.demo", "worker", dsn, worker_id],
-        env=env, stdout=open(f"/tmp/{worker_id}.log", "wb"), stderr=subprocess.STDOUT,
-    )
+    with (logs / f"{worker_id}.log").open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "wal_engine.cli.demo", "worker", dsn, worker_id],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
 
 
 async def _until(predicate: Any, what: str, timeout_s: float = demo.phase_timeout_s) -> Any:
@@ -50,7 +58,7 @@ async def _until(predicate: Any, what: str, timeout_s: float = demo.phase_timeou
         if value:
             return value
         await asyncio.sleep(poll_s)
-    raise TimeoutError(f"demo: timed out waiting for {what}")
+    raise CliError(f"demo: timed out after {timeout_s:.0f} s waiting for {what}", EXIT_FINDING)
 
 
 async def _status(engine: Engine, task_id: str) -> Status:
@@ -66,6 +74,8 @@ async def run_demo(console: Console | None = None, dsn: str | None = None) -> bo
     console = console or Console()
     engine = await connect(dsn)
     workers: list[subprocess.Popen[bytes]] = []
+    logs = Path(tempfile.mkdtemp(prefix="wal-engine-demo-"))
+    passed = False
     try:
         demo.register(engine)
         await demo.prepare(engine)
@@ -74,13 +84,13 @@ async def run_demo(console: Console | None = None, dsn: str | None = None) -> bo
                                       {"question": "How do agents survive crashes?"})
         console.print(f"[bold]submitted[/] task {task_id}")
         worker_a = _spawn_worker(engine.database.dsn, "worker-A",
-                                 "after_effect_before_result:2:sigkill")
+                                 "after_effect_before_result:2:sigkill", logs)
         workers.append(worker_a)
         console.print("worker-A started; it will be SIGKILLed between a side effect and its result")
         code = await _until(lambda: _exited(worker_a), "worker-A to die")
         console.print(f"worker-A exited with {code} (SIGKILL is -9) at seq "
                       f"{(await engine.head(task_id)).head_seq}")
-        worker_b = _spawn_worker(engine.database.dsn, "worker-B", None)
+        worker_b = _spawn_worker(engine.database.dsn, "worker-B", None, logs)
         workers.append(worker_b)
         console.print(f"worker-B started; A's lease expires after {demo.lease_ttl_ms} ms")
         await _until(lambda: _waiting(engine, task_id), "the approval request")
@@ -92,13 +102,18 @@ async def run_demo(console: Console | None = None, dsn: str | None = None) -> bo
         worker_b.send_signal(signal.SIGTERM)
         await asyncio.to_thread(worker_b.wait, 30)
         elapsed = time.monotonic() - started
-        return await _report(console, engine, task_id, code, elapsed)
+        passed = await _report(console, engine, task_id, code, elapsed)
+        return passed
     finally:
         for process in workers:
             if process.poll() is None:
                 process.kill()
                 process.wait()
         await engine.close()
+        if passed:
+            shutil.rmtree(logs, ignore_errors=True)
+        else:
+            console.print(f"the workers' logs are in {logs}", soft_wrap=True)
 
 
 async def _waiting(engine: Engine, task_id: str) -> bool:

@@ -163,12 +163,16 @@ def timer() -> None:
 @click.argument("task_id", metavar="TASK")
 @dsn_option
 @development_option
-def fire(task_id: str, dsn: str | None) -> None:
+@json_option
+def fire(task_id: str, dsn: str | None, as_json: bool) -> None:
     """Make TASK's durable sleep due now (a worker then resumes it), for development."""
     fired = run(_fire(task_id, dsn), dsn=dsn)
     if not fired:
         fail(f"task {task_id!r} is not sleeping on a durable timer", EXIT_USAGE, dsn)
-    console().print(f"timer of {task_id} fired: the next worker poll resumes it")
+    if as_json:
+        emit({"task_id": task_id, "fired": True})
+    else:
+        console().print(f"timer of {task_id} fired: the next worker poll resumes it")
 
 
 async def _fire(task_id: str, dsn: str | None) -> bool:
