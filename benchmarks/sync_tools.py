@@ -21,7 +21,8 @@ from typing import Any, Final
 
 from benchmarks import harness
 from wal_engine.engine import Engine, connect
-from wal_engine.runtime.context import AgentContext, call_function
+from wal_engine.runtime.context import AgentContext
+from wal_engine.runtime.steps import call_function
 
 AGENT: Final = "bench-sync-tools"
 ARGUMENT: Final = {"order": 42, "items": ["a", "b", "c"]}

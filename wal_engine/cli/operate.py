@@ -33,7 +33,7 @@ from wal_engine.cli.common import (
     read_only_dsn,
     run,
 )
-from wal_engine.errors import SchemaMismatch
+from wal_engine.errors import ConfigurationError, SchemaMismatch
 from wal_engine.runtime.replayer import DeployCheck, ReplayReport, replay_timeout_s_default
 
 BENCHMARK_SUITE: Final = "benchmarks.suite"
@@ -120,7 +120,7 @@ async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,
             await install_agents(engine, agents_spec)
             try:
                 runner = engine.worker(concurrency=concurrency, worker_id=worker_id, **timings)
-            except ValueError as error:
+            except (ValueError, ConfigurationError) as error:
                 raise CliError(f"worker settings: {error}", EXIT_USAGE) from error
             await _run_worker(runner, until_idle)
     finally:
