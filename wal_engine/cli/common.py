@@ -220,7 +220,8 @@ def describe_error(error: WalError) -> tuple[str, int]:
         if error.found is not None and error.found > error.expected:
             hint = "upgrade wal-engine to use this database"
         else:
-            hint = "run `wal-engine migrate` first"
+            hint = ("run `wal-engine setup --dsn ADMIN_DSN` (production roles), or "
+                    "`wal-engine migrate` (development)")
         return f"{error}; {hint}", EXIT_DATABASE
     if isinstance(error, DatabaseUnavailable | ConfigurationError):
         return str(error), EXIT_DATABASE

@@ -118,9 +118,9 @@ async def _setup(admin_dsn: str, owner_role: str, app_role: str, tenant: str,
                                               password=password, role=login_role,
                                               app_role=app_role)
         except TenantExists as error:
-            raise CliError(f"{error}; the schema and roles are up to date. `wal-engine "
-                           f"--tenant {tenant} tenant rotate` gives it a new password",
-                           EXIT_REFUSED) from error
+            raise CliError(f"the schema and roles are up to date; tenant {error.tenant!r} "
+                           f"already has role {error.role!r}: `wal-engine --tenant {tenant} "
+                           "tenant rotate` gives it a new password", EXIT_REFUSED) from error
         version = await read_schema_version(connection)
     finally:
         await connection.close()
