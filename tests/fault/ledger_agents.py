@@ -29,13 +29,14 @@ def register(engine: Engine) -> None:
     # The fakes keep their counts in the database the faults restart: a fake's own pooled
     # connections die with it and fail one delivery each. A run now goes on in place after
     # a lost connection (no lease expiry in between), so the backoff, not the lease TTL,
-    # must span a restart: up to ~3 s over 8 attempts.
+    # must span a restart: up to ~3 s over 8 attempts. The LLM call too: with the default
+    # policy (3 attempts, ~1.5 s) a restart slowed by a loaded machine failed a D1 task.
     quick = RetryPolicy(max_attempts=8, initial_delay_s=0.05, max_delay_s=1.0)
 
     @engine.agent(AGENT)
     async def ledgered(ctx: AgentContext, task_input: Any) -> Any:
         n = int(task_input["n"])
-        plan = await ctx.llm("fake-llm", llm, {"plan": n})
+        plan = await ctx.llm("fake-llm", llm, {"plan": n}, retry=quick)
         reserved = await ctx.tool("reserve", reserve, {"n": n}, retry=quick)
         await ctx.checkpoint(next_action="book")
         booked = await ctx.transaction("book", book, {"n": n})
