@@ -206,6 +206,17 @@ class DuplicateRow(WalError):
         self.constraint = constraint
 
 
+class DatabaseError(WalError):
+    """PostgreSQL refused a statement for a reason wal-engine has no more specific error for
+    (a missing privilege, a missing object, a setting the server refuses): the statement did
+    nothing. ``sqlstate`` is PostgreSQL's code (``42501`` for a missing privilege), and the
+    driver's error is the ``__cause__``."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(f"PostgreSQL refused the statement (SQLSTATE {sqlstate}): {message}")
+        self.sqlstate = sqlstate
+
+
 class WaitTimedOut(WalError, TimeoutError):
     """A wait (for a task to finish, for a claimed key to settle) ran out of time; nothing
     was changed. Also a ``TimeoutError``, which the same waits raised before."""

@@ -12,6 +12,7 @@ import pytest
 
 from wal_engine.errors import (
     ConnectionLost,
+    DatabaseError,
     DatabaseUnavailable,
     DuplicateRow,
     IllegalTransition,
@@ -140,14 +141,16 @@ def test_disconnects_become_database_unavailable(error: Exception) -> None:
 
 def test_sql_errors_map_through_sqlstate() -> None:
     """A unique violation is DuplicateRow, an engine SQLSTATE its typed error, a transient
-    one is left to the retry, an unknown one is not translated."""
+    one is left to the retry, an unknown one is DatabaseError (with its SQLSTATE)."""
     duplicate = sqlstate.translate_failure(asyncpg.exceptions.UniqueViolationError("dup"), "d")
     assert isinstance(duplicate, DuplicateRow)
     timeout = asyncpg.exceptions.QueryCanceledError("statement timeout")
     assert sqlstate.is_transient(timeout)
     assert sqlstate.translate_failure(timeout, "d") is None
     privilege = asyncpg.exceptions.InsufficientPrivilegeError("denied")
-    assert sqlstate.translate_failure(privilege, "d") is None
+    refused = sqlstate.translate_failure(privilege, "d")
+    assert isinstance(refused, DatabaseError) and refused.sqlstate == "42501"
+    assert isinstance(sqlstate.typed(timeout), DatabaseUnavailable)
     illegal = type("Illegal", (asyncpg.PostgresError,), {"sqlstate": "WE001"})("no")
     assert isinstance(sqlstate.translate_failure(illegal, "d", task_id="t"),
                       IllegalTransition)

@@ -38,6 +38,7 @@ from wal_engine.dsn import Dsn
 from wal_engine.errors import (
     ConfigurationError,
     CorruptionError,
+    DatabaseError,
     DatabaseUnavailable,
     InvalidDsn,
     InvalidInput,
@@ -223,7 +224,7 @@ def describe_error(error: WalError) -> tuple[str, int]:
             hint = ("run `wal-engine setup --dsn ADMIN_DSN` (production roles), or "
                     "`wal-engine migrate` (development)")
         return f"{error}; {hint}", EXIT_DATABASE
-    if isinstance(error, DatabaseUnavailable | ConfigurationError):
+    if isinstance(error, DatabaseUnavailable | DatabaseError | ConfigurationError):
         return str(error), EXIT_DATABASE
     if isinstance(error, CorruptionError):
         return f"the log cannot be read: {error}", EXIT_FINDING

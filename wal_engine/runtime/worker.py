@@ -41,6 +41,7 @@ import msgspec
 import structlog
 
 from wal_engine import failpoints
+from wal_engine.errors import DatabaseError
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
 from wal_engine.retries import CLAIM_RETRY, RECONNECT_RETRY, retrying
@@ -202,7 +203,7 @@ class Worker:
         agent no worker serves); a database outage does not stop the worker starting."""
         try:
             await record_worker(self.services.database, self.worker_id, self.agents)
-        except (*UNAVAILABLE_ERRORS, asyncpg.PostgresError) as error:
+        except (*UNAVAILABLE_ERRORS, DatabaseError, asyncpg.PostgresError) as error:
             self.log.warning("worker_registration_failed", error=repr(error))
 
     async def _drain(self) -> None:
@@ -279,7 +280,7 @@ class Worker:
         try:
             return await retrying(CLAIM_RETRY, work, retry_if=_outage, key=self.worker_id,
                                   on_retry=self._statement_failed)
-        except (*UNAVAILABLE_ERRORS, asyncpg.PostgresError) as error:
+        except (*UNAVAILABLE_ERRORS, DatabaseError, asyncpg.PostgresError) as error:
             self._statement_failed(error, CLAIM_RETRY.attempts_max or 1, 0.0)
             return 0
 
@@ -385,4 +386,4 @@ class Worker:
 
 def _outage(error: BaseException) -> bool:
     """A database outage, or a SQL error of the engine's own loop statements (waited out)."""
-    return is_unavailable(error) or isinstance(error, asyncpg.PostgresError)
+    return is_unavailable(error) or isinstance(error, DatabaseError | asyncpg.PostgresError)

@@ -367,7 +367,8 @@ class Database:
                 key=task_id or "", on_retry=count)
         except asyncpg.PostgresError as error:
             if not sqlstate.is_transient(error):
-                raise  # No engine error: the caller's (an unknown SQLSTATE).
+                raise sqlstate.typed(error, task_id) from error
+            # Rolled back whole on every attempt (or inside the caller's transaction).
             raise DatabaseUnavailable(
                 self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempts}): "
                                    f"{error}") from error
@@ -398,7 +399,8 @@ class Database:
                   sent: bool = True) -> Exception:
         """The typed error for a driver error raised by a statement of this database (the
         one place, through :func:`wal_engine.store.sqlstate.translate_failure`), else
-        ``error`` itself (a transient SQLSTATE, an unknown one, no driver's error). A
+        ``error`` itself (a transient SQLSTATE, or no driver's error); a SQLSTATE the
+        engine has no error of its own for is :class:`~wal_engine.errors.DatabaseError`. A
         disconnect is :class:`ConnectionLost`, whose ``sent`` says whether a statement may
         be in flight."""
         if isinstance(error, OverflowError):

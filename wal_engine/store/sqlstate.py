@@ -17,6 +17,8 @@ from wal_engine.errors import (
     AppendOnlyViolation,
     CapExceeded,
     ConnectionLost,
+    DatabaseError,
+    DatabaseUnavailable,
     DuplicateRow,
     IllegalTransition,
     InvalidInput,
@@ -89,7 +91,8 @@ def translate_failure(error: BaseException, dsn_redacted: str, *, task_id: str |
 
     A disconnect becomes :class:`ConnectionLost` (its ``sent`` says whether a statement was
     in flight, its outcome unknown, or nothing reached the server).
-    A transient SQLSTATE is left to the caller (see :data:`TRANSIENT_SQLSTATES`).
+    A transient SQLSTATE is left to the caller (see :data:`TRANSIENT_SQLSTATES`); any other
+    becomes its own error, or :class:`~wal_engine.errors.DatabaseError`.
     """
     if isinstance(error, WalError):
         return None
@@ -97,8 +100,22 @@ def translate_failure(error: BaseException, dsn_redacted: str, *, task_id: str |
         reason = f"{type(error).__name__}: {error}".rstrip(": ")
         return ConnectionLost(dsn_redacted, reason, sent=sent)
     if isinstance(error, asyncpg.PostgresError) and not is_transient(error):
-        return translate(error, task_id)
+        return typed(error, task_id)
     return None
+
+
+def typed(error: asyncpg.PostgresError, task_id: str | None = None, *,
+          dsn_redacted: str = "the database") -> WalError:
+    """:func:`translate`, falling back to :class:`DatabaseError` for a SQLSTATE the engine
+    has no error of its own for: no driver error reaches a caller of the public API. A
+    transient one (rolled back whole, for code that does not retry it) is
+    :class:`DatabaseUnavailable`."""
+    if is_transient(error):
+        return DatabaseUnavailable(dsn_redacted, f"SQLSTATE {error.sqlstate}: {error}")
+    translated = translate(error, task_id)
+    if translated is not None:
+        return translated
+    return DatabaseError(str(error.sqlstate or "?"), str(error))
 
 
 _input_codes: Final = frozenset(

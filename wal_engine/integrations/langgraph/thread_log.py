@@ -297,10 +297,7 @@ async def _fetchrow(connection: asyncpg.Connection, query: str, task_id: str,
     try:
         return await connection.fetchrow(query, *args)
     except asyncpg.PostgresError as error:
-        translated = sqlstate.translate(error, task_id)
-        if translated is None:
-            raise
-        raise translated from error
+        raise sqlstate.typed(error, task_id) from error
 
 
 async def _execute(connection: asyncpg.Connection, query: str, task_id: str,
@@ -309,7 +306,4 @@ async def _execute(connection: asyncpg.Connection, query: str, task_id: str,
     try:
         await connection.execute(query, *args)
     except asyncpg.PostgresError as error:
-        translated = sqlstate.translate(error, task_id)
-        if translated is None:
-            raise
-        raise translated from error
+        raise sqlstate.typed(error, task_id) from error
