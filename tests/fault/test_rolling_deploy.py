@@ -177,7 +177,15 @@ async def test_rolling_deploy_v1_to_v2_over_waiting_tasks(
     violations, figures = await _check_outcomes(v2_engine, tasks)
     violations += await check_effects(v2_engine.database, completed_tools=agents.TOOLS)
     gate = await check_tasks(v2_engine, finished_sample=100)
-    assert gate.ok and gate.checked == len(tasks), [r.divergence for r in gate.divergent]
+    if not gate.ok:
+        # A task that ended wrongly also diverges at the gate: name how each ended, and its
+        # whole log (pytest would cut an assertion's message short).
+        lines = [f"outcome violations: {violations}"]
+        for divergent in gate.divergent:
+            lines += [f"{divergent.task_id}: {divergent.divergence}",
+                      *await _history(v2_engine, divergent.task_id)]
+        pytest.fail("\n".join(lines), pytrace=False)
+    assert gate.checked == len(tasks), gate
     code, (lines, stderr) = _replay_cli(database_dsn,
                                         "tests.fault.deploy_agents:register_v2_unpatched")
     summary = lines[-1] if lines else {}
@@ -190,6 +198,12 @@ async def test_rolling_deploy_v1_to_v2_over_waiting_tasks(
     assert exits == [0, 0], [w.output()[-2000:] for w in v1]
     report("deploy", violations, tasks=len(tasks), **figures, v1_exit_codes=exits,
            gate_checked=gate.checked, unpatched_refused=len(refused))
+
+
+async def _history(engine: Engine, task_id: str) -> list[str]:
+    """A task's events, one short line each, for a failure message."""
+    return [f"{e.seq} {e.type} {e.epoch} {bytes(e.payload)[:200]!r}"
+            for e in await engine.store.read_events(task_id, from_seq=1, limit=200)]
 
 
 async def _check_outcomes(engine: Engine, tasks: dict[str, str]

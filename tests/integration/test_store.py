@@ -26,7 +26,7 @@ from wal_engine.errors import (
     UnknownTask,
 )
 from wal_engine.state_machine import TRANSITIONS, Status
-from wal_engine.store import Database, PendingAppend, Store
+from wal_engine.store import Database, PendingAppend, Store, queries
 from wal_engine.store.connection import apply_schema
 
 
@@ -324,6 +324,39 @@ async def test_group_commit_fences_each_task_separately(store: Store) -> None:
         assert head.head_seq == 4 and head.status is Status.CHECKPOINTED
         assert (await store.verify_task(task_id)).ok
     assert (await store.read_head("g-1")).head_seq == 2
+
+
+async def test_a_wake_up_that_lost_its_race_refuses_only_its_own_task(store: Store) -> None:
+    """A run that saw a signal after its wait committed appends its own wake-up, while the
+    signal's sender wakes the task too (seen in the rolling-deploy test). The sender's
+    task_woken takes the seq first; the run's append is then a lost race
+    (ConcurrencyConflict), alone or group-committed, and never an IllegalTransition that
+    would void the other tasks' appends sharing its statement."""
+    for n in range(3):
+        await store.create_task(f"g-{n}", "agent")
+    await claim(store.database)
+    heads = {n: await store.read_head(f"g-{n}") for n in range(3)}
+    waiting = await store.append_events("g-1", [ev.SignalAwaited(name="go")],
+                                        **head_args(heads[1], 1))
+    await store.database.fetch(queries.SEND_SIGNAL, "g-1", "go", b'{"by":"sender"}', None)
+    assert (await store.read_head("g-1")).status is Status.RESUMING
+    woken = [ev.TaskWoken(reason="signal")]
+    before = await log_snapshot(store.database)
+    with pytest.raises(ConcurrencyConflict):
+        await store.append_events("g-1", woken, **head_args(waiting, 1))
+    assert await log_snapshot(store.database) == before
+    appends = [PendingAppend(task_id=f"g-{n}", epoch=1, expected_seq=head.head_seq,
+                             prev_hash=head.head_hash, events=[message(f"m{n}")])
+               for n, head in heads.items() if n != 1]
+    appends.insert(1, PendingAppend(task_id="g-1", epoch=1, expected_seq=waiting.head_seq,
+                                    prev_hash=waiting.head_hash, events=woken))
+    results = await store.append_many(appends)
+    assert isinstance(results["g-1"], ConcurrencyConflict), results
+    for task_id in ("g-0", "g-2"):
+        assert not isinstance(results[task_id], Exception), results
+        assert (await store.read_head(task_id)).head_seq == heads[0].head_seq + 1
+        assert (await store.verify_task(task_id)).ok
+    assert (await store.verify_task("g-1")).ok
 
 
 async def test_claim_records_the_claim_and_bumps_epoch(store: Store) -> None:

@@ -24,7 +24,7 @@ from wal_engine import events as ev
 from wal_engine import failpoints
 from wal_engine.errors import CallTimedOut, ResultTypeError, ToolError
 from wal_engine.payloads import decode_payload
-from wal_engine.runtime.control import Suspended
+from wal_engine.runtime.control import Fenced, Suspended
 from wal_engine.store import queries
 
 if TYPE_CHECKING:
@@ -82,7 +82,12 @@ async def wait_signal(run: Run, name: str, timeout_ms: int | None) -> Any:
     # A signal that committed while our wait was being written may have missed the wake-up
     # (its sender saw the task RUNNING). Looking once more after the commit closes the race.
     if await _unconsumed_signals(run, name, 1):
-        await run.append([ev.TaskWoken(reason="signal")])
+        try:
+            await run.append([ev.TaskWoken(reason="signal")])
+        except Fenced:
+            # The sender committed after our wait and woke the task itself (its wake-up
+            # took the seq first): nothing is left to do here either way.
+            raise Suspended from None
         await run.services.database.fetch(queries.WAKE_WORKERS)
     raise Suspended
 

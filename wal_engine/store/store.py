@@ -17,6 +17,7 @@ from wal_engine.budgets import validate_budget
 from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
 from wal_engine.errors import (
     AmbiguousCommit,
+    CapExceeded,
     ConcurrencyConflict,
     DatabaseUnavailable,
     DuplicateRow,
@@ -294,6 +295,9 @@ class Store:
             rows = await self._resolve_ambiguous(task_id, expected_seq, hashes, error)
         except DuplicateRow:
             rows = []  # Another writer took the seq first: classified below.
+        except IllegalTransition as refused:
+            metrics.append_observed("single", started, 0)
+            raise await self._refused_move(task_id, epoch, expected_seq, refused) from refused
         if len(rows) != len(events):
             metrics.append_observed("single", started, 0)
             raise await self._rejection(task_id, epoch, expected_seq)
@@ -324,9 +328,10 @@ class Store:
         try:
             rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches),
                                              connection=via)
-        except DuplicateRow:
-            # A racing writer took a seq of one of the tasks: the shared statement is void;
-            # append task by task so that only that task is refused.
+        except (DuplicateRow, IllegalTransition, CapExceeded, UnknownTask):
+            # One task's batch voided the shared statement (a racing writer took one of its
+            # seqs or moved its status first, or the database refused its rows): append
+            # task by task, so that only that task is refused and the others land.
             return await self._append_each(appends, batches)
         accepted = {row["task_id"] for row in rows}
         metrics.append_observed("group", started, sum(
@@ -382,6 +387,18 @@ class Store:
         metrics.events_appended(len(append.events))
         return _accepted(append.task_id, append.expected_seq, len(append.events),
                          batch.new_hash, batch.new_status)
+
+    async def _refused_move(self, task_id: str, epoch: int, expected_seq: int,
+                            refused: IllegalTransition) -> WalError:
+        """Classify a status move the database's trigger refused. The trigger checks the
+        row's status before the unique seq does: a task moved by another writer since
+        ``expected_seq`` (a signal's sender woke it, the sweeper broke its lease) is a lost
+        race for the seq, as :meth:`_rejection` tells; a head still at ``expected_seq``
+        means the move itself is illegal."""
+        row = await self.database.fetchrow(queries.READ_LAST_EVENT, task_id, task_id=task_id)
+        if row is not None and int(row["seq"]) == expected_seq and row["epoch"] == epoch:
+            return IllegalTransition(task_id, refused.from_status, refused.to_status)
+        return await self._rejection(task_id, epoch, expected_seq)
 
     async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
         """Classify a refused append (a second round trip, on the failure path only).
