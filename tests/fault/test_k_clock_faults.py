@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from tests.fault.support import (
     report,
 )
 from wal_engine.engine import Engine
+from wal_engine.events import ToolCallFailed
 from wal_engine.retries import RetryPolicy, backoff_delay_s
 from wal_engine.runtime.worker import WorkerConfig
+from wal_engine.testing import ManualClock
 from wal_engine.testing.crash import open_tasks
 from wal_engine.testing.invariants import Violation
 from wal_engine.testing.processes import WorkerPool, wait_until
@@ -155,6 +158,55 @@ async def test_k1_retry_scheduled_by_a_skewed_worker_is_not_delayed_by_the_skew(
 
 async def _failed_once(engine: Engine, task_id: str) -> bool:
     return any(r.type == "tool_call_failed" for r in await engine.history(task_id))
+
+
+class _HeldClock(ManualClock):
+    """A manual clock whose sleeps never end: a run stays inside its backoff until its
+    worker is stopped."""
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.Event().wait()
+
+
+@pytest.mark.timeout(120)
+async def test_k1_retry_scheduled_under_a_manual_clock_is_made_by_a_real_worker(
+        flaky_engine: Engine, pool: WorkerPool) -> None:
+    """A test's ManualClock starts weeks ahead of the real one: the retry due time it
+    records is weeks away for a worker process on the real clock. The in-process worker is
+    stopped inside the backoff; the process resumes the task and retries within the
+    policy's delay (2 s), not weeks later."""
+    clock = _HeldClock()
+    flaky_engine.clock = clock
+    task_id = _slow_retry_task_ids(1)[0]
+    await flaky_engine.submit(ledger_agents.FLAKY, {"n": 1}, task_id=task_id)
+    worker = flaky_engine.worker(concurrency=1, lease_ttl_ms=1000, heartbeat_ms=250,
+                                 poll_ms=50, drain_timeout_s=0.5)
+    running = asyncio.create_task(worker.run())
+    try:
+        await wait_until(lambda: _failed_once(flaky_engine, task_id), "the failed call", 30)
+    finally:
+        worker.stop()
+        await running
+    failed = [r.decode() for r in await flaky_engine.history(task_id)
+              if r.type == "tool_call_failed"]
+    assert len(failed) == 1 and isinstance(failed[0], ToolCallFailed)
+    due_in_s = (failed[0].retry_at_ms or 0) / 1000 - time.time()
+    assert due_in_s > 7 * 86_400, due_in_s  # The manual clock's due time: weeks away.
+    rescuer = await pool.spawn("rescuer")
+    started = time.monotonic()
+    violations: list[Violation] = []
+    try:
+        await wait_until(lambda: _done(flaky_engine, [task_id]), "the retry", 20, 0.05)
+    except AssertionError:
+        head = await flaky_engine.head(task_id)
+        violations.append(Violation(invariant="K1", task_id=task_id,
+                                    detail=f"retry not made within 20 s: {head.status}"))
+    retried_after_s = round(time.monotonic() - started, 2)
+    rescuer.kill(signal.SIGTERM)
+    await rescuer.exited()
+    more, effects = await check_everything(flaky_engine)
+    report("K1 manual clock", violations + more, tasks=1, effects=effects,
+           recorded_due_in_days=round(due_in_s / 86_400, 1), retried_after_s=retried_after_s)
 
 
 @needs_faketime

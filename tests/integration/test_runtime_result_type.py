@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import msgspec
 import pytest
 
 from wal_engine.engine import Engine
-from wal_engine.errors import ResultTypeError
+from wal_engine.errors import ResultTypeError, ToolError
 from wal_engine.events import ToolCallFailed
 from wal_engine.runtime.context import AgentContext, LlmResponse
 from wal_engine.runtime.replayer import check_history
 from wal_engine.state_machine import Status
 
-from .test_runtime import drive
+from .test_runtime import FAST, drive
 
 
 class Charge(msgspec.Struct, frozen=True):
@@ -158,3 +160,86 @@ def test_convert_result_refuses_a_mismatch_with_a_typed_error() -> None:
     with pytest.raises(ResultTypeError) as raised:
         convert_result("tool-9", {"charge_id": "c"}, Charge)
     assert raised.value.call_id == "tool-9" and "amount_cents" in raised.value.error
+
+
+async def test_a_blocking_def_tool_with_a_result_type_acts_once(engine: Engine) -> None:
+    """A plain ``def`` tool that blocks for three leases, run by two workers: it runs on the
+    worker's thread pool, the lease is kept, it acts once, and its result converts."""
+    acted = {"n": 0}
+
+    def charge(args: Any) -> dict[str, Any]:
+        acted["n"] += 1
+        time.sleep(3.0)  # A blocking client call (requests, boto3): not the loop's to wait.
+        return {"charge_id": "ch_9", "amount_cents": args["cents"]}
+
+    @engine.agent("blocking_typed")
+    async def blocking_typed(ctx: AgentContext, _: Any) -> Any:
+        charged = await ctx.tool("charge", charge, {"cents": 700}, idempotent=False,
+                                 result_type=Charge)
+        return {"type": type(charged).__name__, "amount": charged.amount_cents}
+
+    task_id = await engine.submit("blocking_typed")
+    timing = {**FAST, "lease_ttl_ms": 1000, "heartbeat_ms": 200}
+    workers = [engine.worker(concurrency=2, **timing) for _ in range(2)]
+    running = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        state = await engine.wait(task_id, timeout_s=30)
+    finally:
+        for worker in workers:
+            worker.stop()
+        await asyncio.gather(*running)
+    assert state.status is Status.COMPLETED, state.failure
+    assert state.output == {"type": "Charge", "amount": 700} and acted["n"] == 1
+    assert not [r for r in await engine.history(task_id) if r.type == "task_orphaned"]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HOSTILE_RESULTS: dict[str, tuple[Any, Any, str]] = {
+    "nested 2,000 deep": (_nested(2000), list[Any], "UnstorableResult"),
+    "5 MB string": ({"charge_id": "x" * 5_000_000, "amount_cents": 1}, Charge,
+                    "UnstorableResult"),
+    "200,000 extra keys": ({"charge_id": "c", "amount_cents": 1,
+                            **{f"k{i}": i for i in range(200_000)}}, Charge,
+                           "UnstorableResult"),
+    "integer of 400 digits": ({"charge_id": "c", "amount_cents": 10**400}, Charge,
+                              "UnstorableResult"),
+    "NaN for an int": ({"charge_id": "c", "amount_cents": float("nan")}, Charge,
+                       "ResultTypeError"),
+}
+"""Results a hostile or broken API returns: each a typed failure of the call, recorded."""
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_RESULTS))
+async def test_a_hostile_result_is_a_typed_recorded_failure(engine: Engine, case: str) -> None:
+    """The tool acts once; the agent catches a ToolError naming why; the failure is in the
+    log, which verifies, and a re-check of the history against the code agrees."""
+    value, result_type, error_type = HOSTILE_RESULTS[case]
+    acted = {"n": 0}
+
+    def api(_: Any) -> Any:
+        acted["n"] += 1
+        return value
+
+    @engine.agent("hostile")
+    async def hostile(ctx: AgentContext, _: Any) -> Any:
+        try:
+            await ctx.tool("api", api, None, idempotent=False, result_type=result_type)
+        except ToolError as error:
+            return {"error_type": error.error_type}
+        return "accepted"
+
+    task_id = await engine.submit("hostile")
+    state = await drive(engine, task_id)
+    assert state.status is Status.COMPLETED and acted["n"] == 1
+    assert state.output == {"error_type": error_type}
+    failed = [r.decode() for r in await engine.history(task_id) if r.type == "tool_call_failed"]
+    assert len(failed) == 1 and isinstance(failed[0], ToolCallFailed)
+    assert failed[0].error_type == error_type and not failed[0].retryable
+    assert (await engine.store.verify_task(task_id)).ok
+    assert (await check_history(engine, task_id)).ok
