@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
 import msgspec
-import structlog
 
 from replay.state import CallStatus
 from wal_engine import limits
@@ -27,6 +26,7 @@ from wal_engine.errors import (
 )
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
+from wal_engine.observability.logs import get_logger
 from wal_engine.payloads import encode_payload
 from wal_engine.retries import EMIT_RETRY, READ_RETRY, retrying
 from wal_engine.runtime.control import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from replay.state import AgentState
     from wal_engine.runtime.context import AgentContext
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 F = TypeVar("F", bound=AgentFunction)

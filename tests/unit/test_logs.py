@@ -108,3 +108,52 @@ def test_importing_the_library_configures_nothing() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip() == "False"
+
+
+LIBRARY_LINES = (
+    "import structlog; from wal_engine.observability.logs import get_logger; "
+    "log = get_logger('wal_engine.engine').bind(task_id='t-9'); "
+    "log.debug('debug_line'); log.info('info_line', n=1); "
+    "print('program output', structlog.is_configured())"
+)
+
+
+def test_an_unconfigured_application_gets_info_lines_on_stderr() -> None:
+    """No structlog configuration: the library's INFO lines go to standard error (JSON off
+    a terminal), DEBUG lines are dropped, standard output stays the program's, and the
+    library configured nothing."""
+    result = subprocess.run([sys.executable, "-c", LIBRARY_LINES], capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={**_clean_env(), "WAL_ENGINE_LOG_FORMAT": ""})
+    assert result.stdout == "program output False\n"
+    (line,) = result.stderr.splitlines()
+    record = orjson.loads(line)
+    assert (record["event"], record["level"], record["task_id"], record["n"]) == \
+        ("info_line", "info", "t-9", 1)
+
+
+def test_the_level_of_an_unconfigured_application_comes_from_the_environment() -> None:
+    result = subprocess.run([sys.executable, "-c", LIBRARY_LINES], capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={**_clean_env(), LEVEL_ENV: "debug"})
+    assert [orjson.loads(line)["event"] for line in result.stderr.splitlines()] == \
+        ["debug_line", "info_line"]
+
+
+def test_an_application_configuration_made_after_import_is_used() -> None:
+    """The application configures structlog after the library's loggers exist: their lines
+    go through its configuration (here structlog's capture), with the bound values."""
+    from wal_engine.observability.logs import get_logger
+
+    log = get_logger("wal_engine.runtime.run").bind(task_id="t-3")
+    with structlog.testing.capture_logs() as captured:
+        log.debug("run_detail", seq=4)
+    assert captured == [{"event": "run_detail", "log_level": "debug", "task_id": "t-3",
+                         "seq": 4}]
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {key: value for key, value in os.environ.items()
+            if key not in (LEVEL_ENV, "WAL_ENGINE_LOG_FORMAT")}

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import structlog
-
 from wal_engine.errors import EmbeddedServerUnavailable
+from wal_engine.observability.logs import get_logger
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 server_user_name: Final = "walengine"
 fallback_user_name: Final = "nobody"

@@ -12,8 +12,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final, Literal
 
-import structlog
-
 from wal_engine.dsn import Dsn
 from wal_engine.embedded.account import (
     _Account,
@@ -47,8 +45,9 @@ from wal_engine.embedded.pidfile import (
     _to_int,
 )
 from wal_engine.errors import ConfigurationError, EmbeddedServerUnavailable
+from wal_engine.observability.logs import get_logger
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 StopMode = Literal["fast", "immediate"]
 _ServerState = Literal["ready", "absent", "busy"]

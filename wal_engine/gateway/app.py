@@ -33,7 +33,6 @@ from urllib.parse import quote
 
 import httpx
 import msgspec
-import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -44,6 +43,7 @@ from wal_engine.errors import DatabaseUnavailable
 from wal_engine.gateway.config import RESERVED_PREFIX, GatewayConfig, Route
 from wal_engine.gateway.keys import HEADER, MalformedKey, fingerprint, parse_key, scope_digest
 from wal_engine.gateway.metrics import GatewayMetrics
+from wal_engine.observability.logs import get_logger
 
 HOP_HEADERS: Final = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -61,7 +61,7 @@ for the same reason as ``UPSTREAM_KEEPALIVE_S``)."""
 settle_attempts_max: Final = 50
 STORE_ERRORS: Final = (GatewayStoreUnavailable, DatabaseUnavailable)
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):

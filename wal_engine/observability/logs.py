@@ -1,8 +1,12 @@
 """Logging configuration for the entry points (the CLI and workers); never run on import.
 
-The library only ever calls ``structlog.get_logger(__name__)`` and binds context; an
-application that configures structlog itself keeps its configuration. The ``wal-engine``
-command and worker processes call :func:`configure_logging` once at start:
+The library logs through :func:`get_logger`, never configuring structlog: an application
+that configured structlog gets every line through its configuration. One that did not
+gets the library's lines on standard error at INFO (``WAL_ENGINE_LOG_LEVEL`` changes it),
+as console lines on a terminal and JSON lines otherwise, instead of structlog's defaults
+(every DEBUG line, on standard output, where they would mix into a program's own output).
+The ``wal-engine`` command and worker processes call :func:`configure_logging` once at
+start:
 
 * JSON lines (one object per line, ISO timestamps in UTC) when the log stream is not a
   terminal, readable console output when it is; ``WAL_ENGINE_LOG_FORMAT=json|console``
@@ -100,6 +104,22 @@ def _serialize(value: Any, **_: Any) -> str:
     return orjson.dumps(value, default=str).decode()
 
 
+def _processors(as_json: bool, stream: TextIO | None) -> list[Any]:
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    if as_json:
+        processors += [structlog.processors.dict_tracebacks,
+                       structlog.processors.JSONRenderer(serializer=_serialize)]
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=_is_terminal(stream))
+        processors += [structlog.dev.set_exc_info, renderer]
+    return processors
+
+
 def configure_logging(
     *,
     default_level: str = "info",
@@ -126,20 +146,8 @@ def configure_logging(
     chosen = level if level is not None else os.environ.get(LEVEL_ENV) or default_level
     threshold = parse_level(chosen)
     as_json = _json_lines(stream) if json is None else json
-    processors: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.StackInfoRenderer(),
-    ]
-    if as_json:
-        processors += [structlog.processors.dict_tracebacks,
-                       structlog.processors.JSONRenderer(serializer=_serialize)]
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=_is_terminal(stream))
-        processors += [structlog.dev.set_exc_info, renderer]
     structlog.configure(
-        processors=processors,
+        processors=_processors(as_json, stream),
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=StreamLoggerFactory(stream),
         # Not cached: a cached logger would keep this configuration even inside
@@ -151,7 +159,81 @@ def configure_logging(
 
 def reset_logging() -> None:
     """Forget the configuration (tests): structlog's defaults apply again."""
-    global _configured
+    global _configured, _fallback
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     _configured = False
+    _fallback = None
+
+
+# ------------------------------------------------------------------ the library's loggers
+
+_fallback: Any = None
+"""The logger of a process that configured no structlog (built on first use)."""
+
+
+def _fallback_logger() -> Any:
+    """Standard error at INFO (or ``WAL_ENGINE_LOG_LEVEL``), console on a terminal, JSON
+    otherwise: what :func:`configure_logging` would set, without setting it."""
+    global _fallback
+    if _fallback is None:
+        try:
+            threshold = parse_level(os.environ.get(LEVEL_ENV) or "info")
+            as_json = _json_lines(None)
+        except ConfigurationError:
+            threshold, as_json = logging.INFO, not _is_terminal(None)
+        _fallback = structlog.wrap_logger(
+            StreamLogger(), processors=_processors(as_json, None),
+            wrapper_class=structlog.make_filtering_bound_logger(threshold))
+    return _fallback
+
+
+class LibraryLogger:
+    """A logger of the library: through the application's structlog configuration when it
+    has one, else through the library's own (see the module docstring). Which one is
+    decided at every line, so an application may configure structlog after import."""
+
+    __slots__ = ("_context", "_name")
+
+    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
+        self._name = name
+        self._context = context or {}
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The values bound to this logger."""
+        return dict(self._context)
+
+    def bind(self, **values: Any) -> LibraryLogger:
+        """A logger that adds ``values`` to every line."""
+        return LibraryLogger(self._name, {**self._context, **values})
+
+    def _target(self) -> Any:
+        if structlog.is_configured():
+            logger = structlog.get_logger(self._name)
+        else:
+            logger = _fallback_logger()
+        return logger.bind(**self._context) if self._context else logger
+
+    def debug(self, event: str, **values: Any) -> None:
+        self._target().debug(event, **values)
+
+    def info(self, event: str, **values: Any) -> None:
+        self._target().info(event, **values)
+
+    def warning(self, event: str, **values: Any) -> None:
+        self._target().warning(event, **values)
+
+    def error(self, event: str, **values: Any) -> None:
+        self._target().error(event, **values)
+
+    def exception(self, event: str, **values: Any) -> None:
+        self._target().exception(event, **values)
+
+    def critical(self, event: str, **values: Any) -> None:
+        self._target().critical(event, **values)
+
+
+def get_logger(name: str) -> LibraryLogger:
+    """The logger for the library module ``name``."""
+    return LibraryLogger(name)

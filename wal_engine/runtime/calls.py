@@ -25,7 +25,6 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
-import structlog
 
 from replay.journal import Fresh, InDoubt, Outcome, Retry
 from replay.state import CallKind, CallStatus
@@ -42,6 +41,7 @@ from wal_engine.errors import (
 )
 from wal_engine.ids import idempotency_key
 from wal_engine.observability import metrics
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import (
     Disposition,
     LeaseExpired,
@@ -77,7 +77,7 @@ from wal_engine.state_machine import Status
 if TYPE_CHECKING:
     from wal_engine.runtime.ports import Run
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 error_text_max: Final = 2000
 attempts_max: Final = 1000

@@ -37,16 +37,16 @@ from typing import Any, Final
 
 import asyncpg
 import msgspec
-import structlog
 
 from wal_engine import failpoints
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import RECONNECT_RETRY, retrying
 from wal_engine.store import queries
 from wal_engine.store.connection import CONNECTION_ERRORS, connect_once, is_unavailable
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 watchdog_interval_max_s: Final = 0.25
 stop_timeout_s: Final = 5.0

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import msgspec
 import orjson
-import structlog
 
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.fold import FoldItem, StateBuilder, fold
@@ -40,6 +39,7 @@ from wal_engine import events as ev
 from wal_engine import limits
 from wal_engine.budgets import BudgetTrip
 from wal_engine.errors import ConfigurationError, InvalidPayload
+from wal_engine.observability.logs import get_logger
 from wal_engine.runtime.ports import RunServices
 from wal_engine.runtime.run import error_text_max, is_internal
 from wal_engine.runtime.worker import WorkerConfig
@@ -212,7 +212,7 @@ class _ReplayRun:
         self.replay_journal = journal
         self.code_ended = code_ended
         self.last_appended: list[ev.Event] = []
-        self.log = structlog.get_logger(__name__).bind(task_id=state.task_id, replay=True)
+        self.log = get_logger(__name__).bind(task_id=state.task_id, replay=True)
         self._state_cache: AgentState | None = None
 
     @property

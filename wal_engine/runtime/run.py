@@ -42,6 +42,7 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.observability import metrics
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import RUN_RECONNECT_RETRY, retrying
 from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspended
 from wal_engine.runtime.hooks import HookEvent, call_hook
@@ -60,7 +61,7 @@ from wal_engine.store.store import check_history_bound
 if TYPE_CHECKING:
     from wal_engine.runtime.resume import ResumedState
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 TENANT_SPEND_BUDGET: Final = "tenant_llm_spend_usd"
 """The name a tripped per-tenant LLM spend cap has in ``budget_exceeded``."""

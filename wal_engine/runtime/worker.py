@@ -44,6 +44,7 @@ from wal_engine import failpoints
 from wal_engine.errors import DatabaseError
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import CLAIM_RETRY, RECONNECT_RETRY, retrying
 from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.runtime.ports import AgentRegistry, RunServices
@@ -57,7 +58,7 @@ from wal_engine.store.connection import (
     is_unavailable,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 WAKE_CHANNEL: Final = "wal_engine_wake"
 sweep_batch_max: Final = 100
@@ -259,7 +260,7 @@ class Worker:
         task.add_done_callback(self._run_tasks.discard)
 
     async def _execute(self, run: TaskRun) -> None:
-        structlog.contextvars.bind_contextvars(**structlog.get_context(run.log), seq=run.head_seq)
+        structlog.contextvars.bind_contextvars(**run.log.context, seq=run.head_seq)
         try:
             failpoints.hit("after_claim")
             await run.execute()

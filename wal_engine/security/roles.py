@@ -26,14 +26,14 @@ from typing import Final
 
 import asyncpg
 import msgspec
-import structlog
 
 from wal_engine import limits
 from wal_engine.dsn import Dsn
 from wal_engine.errors import DEVELOPMENT_ENV as DEVELOPMENT_ENV
 from wal_engine.errors import InsecureSetup as InsecureSetup
+from wal_engine.observability.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 OWNER_ROLE: Final = "engine_owner"
 APP_ROLE: Final = "engine_app"

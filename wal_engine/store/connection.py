@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
-import structlog
 
 from wal_engine import limits
 from wal_engine.dsn import Dsn
@@ -30,11 +29,12 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SCHEMA_VERSION: Final = 2
 """The schema version this code reads and writes (``wal_schema_version``)."""

@@ -13,13 +13,12 @@ import asyncio
 import contextlib
 from typing import Any, Final
 
-import structlog
-
 from wal_engine.errors import AmbiguousCommit, DatabaseUnavailable
+from wal_engine.observability.logs import get_logger
 from wal_engine.store import AppendResult, PendingAppend, Store
 from wal_engine.store.connection import CONNECTION_ERRORS
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 flushes_in_flight_max: Final = 1
 """Concurrent flush statements; each holds one pooled connection."""

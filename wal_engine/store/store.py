@@ -9,7 +9,6 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 import orjson
-import structlog
 
 from wal_engine import events as vocabulary
 from wal_engine import limits
@@ -30,6 +29,7 @@ from wal_engine.errors import (
 )
 from wal_engine.ids import validate_task_id
 from wal_engine.observability import metrics
+from wal_engine.observability.logs import get_logger
 from wal_engine.retries import RESOLVE_RETRY, retrying
 from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded
 from wal_engine.state_machine import Status, check_path
@@ -38,7 +38,7 @@ from wal_engine.store.connection import CONNECTION_ERRORS, Database
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
 from wal_engine.verification import HistoryVerifier
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 seq_max: Final = 2**63 - 1
 """The largest seq PostgreSQL's bigint holds."""

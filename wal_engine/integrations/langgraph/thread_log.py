@@ -34,18 +34,18 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 import orjson
-import structlog
 
 from wal_engine import events as vocabulary
 from wal_engine.chain import event_hash
 from wal_engine.errors import IllegalTransition, LeaseLost, TaskAlreadyExists, UnknownTask
 from wal_engine.integrations.langgraph import queries
 from wal_engine.integrations.langgraph.codec import thread_task_id
+from wal_engine.observability.logs import get_logger
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import Store, sqlstate
 from wal_engine.store.connection import CONNECTION_ERRORS
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AGENT: Final = "langgraph"
 """The agent name of every thread's task."""
