@@ -80,3 +80,36 @@ async def test_loop_stall_quick_run_reports_the_worst_lag(database_dsn: str,
     figures = json.loads(results.read_text())["smoke"]
     assert figures["calls"] == 8 and figures["probes"] > 0
     assert figures["worst_lag_ms"] >= figures["p99_lag_ms"] >= figures["p50_lag_ms"]
+
+
+async def test_cpu_step_quick_run_reports_both_contenders(database_dsn: str) -> None:
+    """`python -m benchmarks.cpu_step` exits 0 and gives wal-engine's client CPU per step
+    beside the raw reference of the same run, and their ratio."""
+    output = await run_module("benchmarks.cpu_step", "--steps", "20", "--rounds", "1",
+                              "--json", "--dsn", database_dsn, timeout_s=RUN_TIMEOUT_S)
+    figures = json.loads(output.strip().splitlines()[-1])
+    assert figures["steps"] == 20 and len(figures["wal_cpu_us"]) == 1
+    assert figures["wal_cpu_us_median"] > 0 and figures["raw_cpu_us_median"] > 0
+    assert figures["ratio_median"] == figures["wal_cpu_us"][0] / figures["raw_cpu_us"][0]
+
+
+def test_compare_reports_each_run_against_its_own_reference(tmp_path: Path) -> None:
+    """`python -m benchmarks.compare A B --report DIR` summarises the runs a comparison left:
+    each run's ratios to its own reference, and each side's median and spread."""
+    from benchmarks.compare import report
+
+    for side, i, wal, ref in (("before", 1, 2000.0, 1600.0), ("after", 1, 2100.0, 1500.0),
+                              ("after", 2, 1800.0, 1500.0), ("before", 2, 1900.0, 1700.0)):
+        workload = {"name": "step", "contenders": [
+            {"name": "raw asyncpg: 2 INSERT commits", "reference": True, "p50_us": ref,
+             "events_per_s": 1e6 / ref},
+            {"name": "wal-engine tool step", "reference": False, "p50_us": wal,
+             "events_per_s": 1e6 / wal}]}
+        (tmp_path / f"{side}-{i}.json").write_text(json.dumps(
+            {"machine": {"packages": {"git": side}}, "workloads": [workload]}))
+        (tmp_path / f"{side}-{i}.cpu.json").write_text(json.dumps(
+            {"wal_cpu_us": [wal / 2], "raw_cpu_us": [ref / 4]}))
+    text = report(tmp_path, "aaaa", "bbbb")
+    assert "| before-1 | 2,000 / 1,600 = 1.25x |" in text
+    assert "| step | 1.18x (1.12-1.25, n=2) | 1.30x (1.20-1.40, n=2) |" in text
+    assert "| client CPU/step | 2.37x (2.24-2.50, n=2) | 2.60x (2.40-2.80, n=2) |" in text
