@@ -21,6 +21,7 @@ from tests.fault.test_d_database_faults import (
     _submit,
     _workers,
 )
+from wal_engine.dsn import Dsn
 from wal_engine.engine import Engine, connect
 from wal_engine.store.connection import schema_sql
 from wal_engine.testing.invariants import AckRecorder, Violation, summarise
@@ -125,7 +126,7 @@ async def test_d12_synchronous_commit_off_loses_acknowledged_events(
     server, factory = crashable
     random_source, seed = rng()
     dsn = await factory.create()
-    name = dsn.rsplit("/", 1)[-1]
+    name = Dsn.parse(dsn).database
     admin = await asyncpg.connect(server.admin_dsn)
     await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     await admin.close()

@@ -24,6 +24,7 @@ from tests.fault.support import (
     rng,
     running_workers,
 )
+from wal_engine.dsn import Dsn
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable
 from wal_engine.runtime.worker import Worker
@@ -170,7 +171,7 @@ async def test_d2_backend_sigkill_restarts_every_backend(
 
     server, factory = crashable
     dsn = await factory.create()
-    name = dsn.rsplit("/", 1)[-1]
+    name = Dsn.parse(dsn).database
     engine, ledger_db = await _engine_with_own_ledger(dsn)
     acks = AckRecorder()
     acks.install(engine)

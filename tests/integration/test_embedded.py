@@ -72,7 +72,7 @@ async def test_server_starts_with_durable_settings(data_dir: Path) -> None:
     """A new data dir is initialised, the server accepts asyncpg and commits synchronously."""
     server = EmbeddedPostgres(data_dir)
     dsn = await asyncio.to_thread(server.ensure_running)
-    assert dsn == f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    assert dsn == f"postgresql://postgres@127.0.0.1:{server.port}/postgres?sslmode=disable"
     assert await _fetch_value(dsn, "SHOW synchronous_commit") == "on"
     assert await _fetch_value(dsn, "SHOW fsync") == "on"
     assert await _fetch_value(dsn, "SHOW full_page_writes") == "on"
