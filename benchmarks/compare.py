@@ -63,10 +63,15 @@ def _run(side: str, i: int, tree: Path, out: Path, args: argparse.Namespace,
         subprocess.run(suite, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
                        check=True)
     print(f"{side}-{i}: client CPU per step", flush=True)
-    cpu_command = [sys.executable, str(ROOT / "benchmarks" / "cpu_step.py"),
-                   "--steps", str(args.cpu_steps), "--rounds", "1", "--json"]
-    if args.dsn:
-        cpu_command += ["--dsn", args.dsn]
+    # This checkout's cpu_step.py (an older revision may not have it) with the revision's
+    # packages: run_path, because running the file would put benchmarks/ first on sys.path,
+    # where benchmarks/replay.py hides the replay package.
+    cpu_args = ["--steps", str(args.cpu_steps), "--rounds", "1", "--json",
+                *(["--dsn", args.dsn] if args.dsn else [])]
+    script = str(ROOT / "benchmarks" / "cpu_step.py")
+    cpu_command = [sys.executable, "-c",
+                   f"import runpy, sys; sys.argv = {[script, *cpu_args]!r}; "
+                   f"runpy.run_path({script!r}, run_name='__main__')"]
     cpu = subprocess.run(cpu_command, cwd=tree, env=env, capture_output=True, text=True,
                          check=True)
     (out / f"{side}-{i}.cpu.json").write_text(cpu.stdout.strip().splitlines()[-1])
