@@ -38,6 +38,16 @@ from wal_engine.testing.ledger import (
 REPO: Final = Path(__file__).resolve().parents[2]
 LEDGERED: Final = "tests.fault.ledger_agents:register"
 DEEP: Final = os.environ.get("RELIABILITY_DEEP") == "1"
+DEEP_FULL: Final = os.environ.get("RELIABILITY_DEEP_FULL") == "1"
+"""RELIABILITY.md's own deep counts (W4 5,000 kills, W1 2,000 crash points, D1 2,000
+restarts, 3,000 crash-machine programs), which take hours on the project's 2-core machine."""
+
+
+def deep_count(full: int, budget: int) -> int:
+    """A deep test's count: ``budget``, sized so that the deep tier ends within its hour on
+    the project's 2-core machine (docs/testing.md has the measured run), or RELIABILITY.md's
+    ``full`` count with ``RELIABILITY_DEEP_FULL=1``."""
+    return full if DEEP_FULL else budget
 
 FIGURES: list[str] = []
 """Every figures line printed this session (the fault conftest prints them at the end)."""

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from tests.fault import ledger_agents
 from tests.fault.support import (
     check_everything,
+    deep_count,
     expected_output,
     outcome_violations,
     report,
@@ -108,7 +109,8 @@ async def _restart(server: TestServer, mode: str = "immediate") -> None:
 # the deep tier's 2,000 take about 22 minutes; they overran the former 600 s.
 @pytest.mark.parametrize("restarts", [
     pytest.param(50, id="ci", marks=pytest.mark.timeout(600)),
-    pytest.param(2000, id="deep", marks=[pytest.mark.deep, pytest.mark.timeout(1800)]),
+    pytest.param(deep_count(2000, 1000), id="deep",
+                 marks=[pytest.mark.deep, pytest.mark.timeout(deep_count(3600, 1800))]),
 ])
 async def test_d1_postgres_immediate_stop_and_restart_mid_run(
         crashable: tuple[TestServer, DatabaseFactory], restarts: int) -> None:

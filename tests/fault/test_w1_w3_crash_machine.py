@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.fault import ledger_agents
+from tests.fault.support import deep_count
 from wal_engine.cli import demo
 from wal_engine.testing.machine import (
     AgentUnderTest,
@@ -86,11 +87,13 @@ def test_w1_w3_l8_crash_machine_on_every_tool_class(database_factory: DatabaseFa
     _report("W1-W3/L8 machine, ledgered agent (every tool class)", stats)
 
 
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(deep_count(6 * 3600, 3600))
 @pytest.mark.parametrize("config", [DEMO, LEDGERED], ids=["demo", "ledgered"])
 @deep_only[0]
 @deep_only[1]
 def test_deep_crash_machine(database_factory: DatabaseFactory, config: AgentUnderTest) -> None:
-    """Deep: the nightly profile (3,000 programs of 30 steps)."""
-    stats = run_crash_machine(config, database_factory, profile="crash-deep")
+    """Deep: programs of 30 steps (crash-deep), random; 120 of its 3,000 in the deep tier's
+    hour (about 4 s a program here), all of them with RELIABILITY_DEEP_FULL=1."""
+    stats = run_crash_machine(config, database_factory, settings_=settings(
+        crash_settings("crash-deep"), max_examples=deep_count(3000, 120)))
     _report("deep crash machine", stats)
