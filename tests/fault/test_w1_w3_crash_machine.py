@@ -83,7 +83,7 @@ def test_w1_w3_l8_crash_machine_on_every_tool_class(database_factory: DatabaseFa
     sleep and a signal wait; only escalations of non-idempotent calls may differ from the
     crash-free run."""
     stats = run_crash_machine(LEDGERED, database_factory,
-                              settings_=settings(crash_settings("crash-ci"), max_examples=80))
+                              settings_=settings(crash_settings("crash-ci"), max_examples=50))
     _report("W1-W3/L8 machine, ledgered agent (every tool class)", stats)
 
 
