@@ -297,7 +297,7 @@ class Store:
             rows = []  # Another writer took the seq first: classified below.
         except IllegalTransition as refused:
             metrics.append_observed("single", started, 0)
-            raise await self._refused_move(task_id, epoch, expected_seq, refused) from refused
+            raise await self._rejection(task_id, epoch, expected_seq, refused) from refused
         if len(rows) != len(events):
             metrics.append_observed("single", started, 0)
             raise await self._rejection(task_id, epoch, expected_seq)
@@ -388,23 +388,15 @@ class Store:
         return _accepted(append.task_id, append.expected_seq, len(append.events),
                          batch.new_hash, batch.new_status)
 
-    async def _refused_move(self, task_id: str, epoch: int, expected_seq: int,
-                            refused: IllegalTransition) -> WalError:
-        """Classify a status move the database's trigger refused. The trigger checks the
-        row's status before the unique seq does: a task moved by another writer since
-        ``expected_seq`` (a signal's sender woke it, the sweeper broke its lease) is a lost
-        race for the seq, as :meth:`_rejection` tells; a head still at ``expected_seq``
-        means the move itself is illegal."""
-        row = await self.database.fetchrow(queries.READ_LAST_EVENT, task_id, task_id=task_id)
-        if row is not None and int(row["seq"]) == expected_seq and row["epoch"] == epoch:
-            return IllegalTransition(task_id, refused.from_status, refused.to_status)
-        return await self._rejection(task_id, epoch, expected_seq)
-
-    async def _rejection(self, task_id: str, epoch: int, expected_seq: int) -> WalError:
+    async def _rejection(self, task_id: str, epoch: int, expected_seq: int,
+                         refused: IllegalTransition | None = None) -> WalError:
         """Classify a refused append (a second round trip, on the failure path only).
 
         Every epoch change is an event with the new epoch, so the log's last event tells
-        a fenced writer (newer epoch) from one that lost a race for the seq.
+        a fenced writer (newer epoch) from one that lost a race for the seq. ``refused``:
+        the status trigger's refusal, which runs before the unique seq does, so a task
+        another writer moved since ``expected_seq`` (a signal's sender woke it) is a lost
+        race too; only a head still at ``expected_seq`` makes the move itself illegal.
         """
         row = await self.database.fetchrow(queries.READ_LAST_EVENT, task_id, task_id=task_id)
         if row is None:
@@ -412,6 +404,8 @@ class Store:
         if row["epoch"] != epoch:
             current = await self.database.fetchrow(queries.READ_HEAD, task_id, task_id=task_id)
             return LeaseLost(task_id, epoch, None if current is None else current["lease_epoch"])
+        if refused is not None and int(row["seq"]) == expected_seq:
+            return IllegalTransition(task_id, refused.from_status, refused.to_status)
         if row["type"] in TERMINAL_EVENT_TYPES:
             return IllegalTransition(task_id, "terminal", "append")
         if row["type"] in queries.LEASE_DROPPED_TYPES and int(row["seq"]) == expected_seq:
