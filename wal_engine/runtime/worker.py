@@ -204,7 +204,7 @@ class Worker:
         agent no worker serves); a database outage does not stop the worker starting."""
         try:
             await record_worker(self.services.database, self.worker_id, self.agents)
-        except (*UNAVAILABLE_ERRORS, DatabaseError, asyncpg.PostgresError) as error:
+        except (*UNAVAILABLE_ERRORS, DatabaseError) as error:
             self.log.warning("worker_registration_failed", error=repr(error))
 
     async def _drain(self) -> None:
@@ -281,7 +281,7 @@ class Worker:
         try:
             return await retrying(CLAIM_RETRY, work, retry_if=_outage, key=self.worker_id,
                                   on_retry=self._statement_failed)
-        except (*UNAVAILABLE_ERRORS, DatabaseError, asyncpg.PostgresError) as error:
+        except (*UNAVAILABLE_ERRORS, DatabaseError) as error:
             self._statement_failed(error, CLAIM_RETRY.attempts_max or 1, 0.0)
             return 0
 
