@@ -83,3 +83,16 @@ def test_size_check_is_a_lower_bound_of_the_encoding() -> None:
     value = {"a": ["é" * 10, 1, None, {"k": "v" * 100}], "b": 2.5}
     assert check_size(value, None) == 0
     assert check_size(value, 10**9) <= len(orjson.dumps(value))
+
+
+def test_the_check_finds_a_quadratic_pattern_and_confirms_before_it_says_so() -> None:
+    """The check can fail: a pattern that scans the rest of the text from every start is
+    reported (it stays over the bound when timed again), and a linear one is not."""
+    import re
+
+    quadratic = re.compile(r"eyJ[\w-]*\.")
+    linear = re.compile(r"eyJ[\w-]{1,8}\.")
+    sizes = (2 * KIB, 8 * KIB, 32 * KIB)
+    found = linearity_violation(quadratic.findall, "eyJ-", sizes=sizes, floor_s=0.0005)
+    assert found is not None and found.startswith("'eyJ-': ")
+    assert linearity_violation(linear.findall, "eyJ-", sizes=sizes) is None
