@@ -28,8 +28,14 @@ from wal_engine.engine import Engine
 from wal_engine.errors import AmbiguousCommit, DatabaseUnavailable
 from wal_engine.events import Budget
 from wal_engine.runtime.worker import Worker
+from wal_engine.state_machine import Status
 from wal_engine.store import Database, queries
-from wal_engine.testing.crash import connect_engine, open_database, open_tasks
+from wal_engine.testing.crash import (
+    connect_engine,
+    open_database,
+    open_tasks,
+    run_worker_until_idle,
+)
 from wal_engine.testing.invariants import AckRecorder, Violation
 from wal_engine.testing.ledger import EffectLedger
 from wal_engine.testing.processes import wait_until
@@ -373,6 +379,43 @@ SLOW_NET_TIMINGS: dict[str, Any] = {"lease_ttl_ms": 6000, "heartbeat_ms": 2000, 
 but the proxy cuts every chunk into 1-7-byte slices in the test's own event loop, one send
 per slice, which also delays the workers' heartbeats: with a 3 s lease that cost 4 false
 lease breaks in a 20 s soak (measured), with 6 s none in the same soak."""
+
+
+SLOW_REPLY_S = 0.3
+"""Each way, per chunk: a new statement (parse, then execute) gets its answer about 1.2 s
+after it was sent, longer than the heartbeat and than the one second a renewal once waited
+before it reconnected (and a reconnect costs more round trips on the same link)."""
+
+
+@pytest.mark.timeout(120)
+async def test_n4_renewals_slower_than_a_heartbeat_keep_a_live_lease(database_dsn: str) -> None:
+    """Every reply comes late (0.6 s round trips, heartbeat 0.5 s, lease 10 s):
+    the lease keeper waits for its renewals while the lease is trusted instead of giving up
+    after a heartbeat and reconnecting over the same slow link (which let the lease lapse).
+    The tool's 12 s hold outlives the lease, so only renewals keep it: no lease is broken,
+    the task is claimed once, and the tool acts once."""
+    acted: list[float] = []
+
+    async with _setup(database_dsn, command_timeout_s=15.0) as (engine, proxy, ledger_db):
+        @engine.agent("slow-replies")
+        async def agent(ctx: Any, task_input: Any) -> Any:
+            async def hold(args: Any) -> str:
+                acted.append(time.monotonic())
+                await asyncio.sleep(12.0)
+                return "held"
+
+            return await ctx.tool("hold", hold, {}, idempotent=False, timeout_s=30)
+
+        task_id = await engine.submit("slow-replies", {}, task_id="n4-slow-replies")
+        proxy.set("latency", latency_s=SLOW_REPLY_S)
+        await run_worker_until_idle(engine, timeout_s=90, lease_ttl_ms=10000,
+                                    heartbeat_ms=500, poll_ms=100, sweep_ms=100)
+        proxy.set("pass")
+        head = await engine.head(task_id)
+        claims = await _claim_figures(ledger_db, [task_id])
+        broken = await _orphaned(ledger_db)
+    assert (head.status, broken, claims["claims_per_task_max"], len(acted)) == (
+        Status.COMPLETED, 0, 1, 1)
 
 
 @pytest.mark.deep

@@ -217,8 +217,13 @@ class LeaseKeeper:
                 return
             try:
                 while True:
+                    started = time.monotonic()
                     await self._renew(connection)
-                    if await self._sleep(self.heartbeat_s):
+                    # Renewals start a heartbeat apart, however long each took: waiting a
+                    # whole heartbeat after a slow reply would leave the next one less of
+                    # the lease to arrive in.
+                    pause_s = self.heartbeat_s - (time.monotonic() - started)
+                    if await self._sleep(max(0.0, pause_s)):
                         return
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
                 self.log.warning("worker_connection_lost", role="heartbeat", error=repr(error))
@@ -242,7 +247,7 @@ class LeaseKeeper:
         failpoints.hit("during_heartbeat")
         sent_at = time.monotonic()
         rows = await connection.fetch(queries.RENEW_LEASES, list(held), list(held.values()),
-                                      self.lease_ttl_ms, timeout=max(1.0, self.heartbeat_s))
+                                      self.lease_ttl_ms, timeout=self._renewal_timeout_s(sent_at))
         renewed = {row["task_id"] for row in rows}
         self.renewals += 1
         with self._lock:
@@ -256,6 +261,21 @@ class LeaseKeeper:
                     lease.valid_until = 0.0  # Taken over: trust it no more, at once.
         for task_id in held.keys() - renewed:
             self._to_worker(self.on_lost, task_id, held[task_id])
+
+    def _renewal_timeout_s(self, now: float) -> float:
+        """How long a renewal may wait for its reply: as long as the soonest lease that is
+        still trusted may be trusted (at least a second).
+
+        A slow reply is worth waiting for until then: the statement may already have run,
+        and giving up costs a reconnect, several round trips on the same slow link, so the
+        lease would lapse before the next renewal got through (a jitter soak broke 26 live
+        leases when renewals gave up after one heartbeat). Past that moment the worker
+        stops trusting the lease anyway, and a new session is the only way forward.
+        """
+        with self._lock:
+            soonest = min((lease.valid_until for lease in self._leases.values()
+                           if lease.valid_until > now), default=now + self._trust_s)
+        return max(1.0, soonest - now)
 
     def _wedged(self) -> bool:
         """Whether the worker's loop has not answered for longer than ``stall_abandon_s``."""
