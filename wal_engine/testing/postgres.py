@@ -5,6 +5,12 @@ started in a temporary directory with ``fsync=off`` (RELIABILITY.md finding 5: p
 crashes lose nothing with ``fsync=off`` as long as ``synchronous_commit`` stays on). Only an
 embedded server may be stopped or crashed by a test: the ``embedded`` attribute is None for
 a borrowed server.
+
+The temporary directory is on a memory file system when the machine has one with room
+(:func:`scratch_root`): every test makes a database, and on ext4 each ``CREATE DATABASE``
+made about 300 files while the inode allocator scanned the ones deleted before
+(``recently_deleted``): 265-500 ms of the server's CPU per database on this machine,
+growing over a run, against 17-42 ms on tmpfs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,29 @@ from wal_engine.embedded import EmbeddedPostgres
 from wal_engine.store.connection import apply_schema, with_database
 
 TEST_DSN_ENV: Final = "WAL_ENGINE_TEST_DSN"
+SCRATCH_ENV: Final = "WAL_ENGINE_TEST_TMPDIR"
+MEMORY_FS: Final = Path("/dev/shm")
+memory_fs_free_min_bytes: Final = 4 * 1024**3
+"""Room a memory file system must have left to hold test servers (each writes up to its
+``max_wal_size`` of WAL between checkpoints)."""
+
+
+def scratch_root(prefix: str) -> Path:
+    """A new directory for a test server's files: under ``WAL_ENGINE_TEST_TMPDIR`` when
+    set, else under ``/dev/shm`` when it is a writable directory with 4 GiB free, else
+    where :mod:`tempfile` puts it. Made with :func:`tempfile.mkdtemp`, so that the
+    unprivileged server user can traverse it when the tests run as root."""
+    chosen = os.environ.get(SCRATCH_ENV)
+    if chosen:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=chosen))
+    try:
+        usage = shutil.disk_usage(MEMORY_FS)
+        usable = os.access(MEMORY_FS, os.W_OK | os.X_OK) and MEMORY_FS.is_dir()
+    except OSError:
+        usable = False
+    if usable and usage.free >= memory_fs_free_min_bytes:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=MEMORY_FS))
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 class TestServer:
@@ -52,7 +81,7 @@ def start_test_server() -> TestServer:
     borrowed = os.environ.get(TEST_DSN_ENV)
     if borrowed:
         return TestServer(borrowed, None, None)
-    root = Path(tempfile.mkdtemp(prefix="wal-engine-test-"))
+    root = scratch_root("wal-engine-test-")
     data_dir = root / "pgdata"
     server = EmbeddedPostgres(data_dir, fsync=False)
     return TestServer(server.ensure_running(), server, data_dir)
@@ -119,10 +148,9 @@ def start_embedded_server(*, fsync: bool = False) -> TestServer:
     """Always start a new embedded server in a temporary directory (even when
     ``WAL_ENGINE_TEST_DSN`` is set): a server a test may stop, crash and restart.
 
-    The directory is made with :func:`tempfile.mkdtemp` (a path the unprivileged server
-    user can traverse when the tests run as root); :meth:`TestServer.close` removes it.
+    The directory comes from :func:`scratch_root`; :meth:`TestServer.close` removes it.
     """
-    root = Path(tempfile.mkdtemp(prefix="wal-engine-crashable-"))
+    root = scratch_root("wal-engine-crashable-")
     data_dir = root / "pgdata"
     server = EmbeddedPostgres(data_dir, fsync=fsync)
     return TestServer(server.ensure_running(), server, data_dir)
