@@ -48,3 +48,22 @@ def test_an_escalation_after_a_lost_connection_is_an_allowed_outcome() -> None:
     interrupted = [r for r in records if r.type == "run_interrupted"]
     assert allow_escalated(escalated, [records[0], *interrupted, uncertain])
     assert not allow_escalated(escalated, [records[0], uncertain])
+
+
+def test_a_snapshot_checked_again_after_a_change_is_checked_in_full() -> None:
+    """check_snapshot reuses the result for a task whose rows and head are unchanged, but a
+    row changed after a clean check (its payload, same hashes) is caught on the next one."""
+    from wal_engine.testing.invariants import Snapshot, check_snapshot
+
+    records = load_history(CONTINUED)
+    last = records[-1]
+    head = {"task_id": last.task_id, "head_seq": last.seq, "head_hash": last.hash,
+            "status": "COMPLETED"}
+    clean = Snapshot(events={last.task_id: list(records)}, heads=[head])
+    assert check_snapshot(clean) == []
+    assert check_snapshot(Snapshot(events={last.task_id: list(records)}, heads=[head])) == []
+    tampered = list(records)
+    tampered[2] = msgspec.structs.replace(tampered[2], payload=tampered[2].payload + b" ")
+    violations = check_snapshot(Snapshot(events={last.task_id: tampered}, heads=[head]))
+    assert any(v.invariant == "I13" and v.seq == tampered[2].seq for v in violations)
+    assert check_snapshot(clean) == []
