@@ -295,7 +295,9 @@ class AgentContext:
         """
         name = self._run.redact_text(name)
         hashed = args_hash(self._run.redact(args))
-        outcome = await self._next(CallKind.VALUE, f"{approval_value_prefix}{name}", hashed)
+        # A value's journal entry has no args hash: the decision carries the hash it
+        # answered, checked here on a re-run.
+        outcome = await self._next(CallKind.VALUE, f"{approval_value_prefix}{name}", "")
         if isinstance(outcome, Recorded):
             decision = msgspec.convert(outcome.result, ApprovalDecision)
             if decision.args_hash != hashed:
@@ -310,8 +312,7 @@ class AgentContext:
         decided = await decide_approval(self._run, outcome.call_id, name, hashed)
         decision = ApprovalDecision(approved=decided.approved, approver=decided.approver,
                                     comment=decided.comment, args_hash=hashed)
-        # The decision is the value's record (with the hash it answered, which the
-        # journal's value entries do not match on), so a re-run branches the same way.
+        # The decision is the value's record, so a re-run branches the same way.
         await self._run.append([ev.ValueRecorded(
             call_id=outcome.call_id, kind=f"{approval_value_prefix}{name}",
             value=msgspec.to_builtins(decision))])
