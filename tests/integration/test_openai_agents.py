@@ -15,14 +15,15 @@ pytest.importorskip(
     "agents", reason="the [openai-agents] extra is not installed: pip install"
     " 'wal-engine[openai-agents]'")
 
-from agents import Agent, RunConfig
+from agents import Agent, RunConfig, Runner
 from agents.run_config import ToolExecutionConfig
+from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool import LocalShellTool
 
 from tests.integration import openai_agents_app as app
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput
-from wal_engine.integrations.openai_agents import DurableRunner
+from wal_engine.integrations.openai_agents import DurableModel, DurableRunner
 from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.processes import WorkerPool, wait_until
 
@@ -218,3 +219,34 @@ async def test_bad_input_gets_a_typed_error_and_writes_nothing(engine: Engine) -
     assert "LocalShellTool" in problems["tool"] and "one at a time" in problems["concurrency"]
     assert calls(await engine.history(task_id)) == []
     assert os.environ.get(app.EFFECTS_ENV) is None
+
+
+async def test_streamed_run_is_journaled_and_replayed_from_the_log(engine: Engine) -> None:
+    """Runner.run_streamed over a DurableModel: the stream events are recorded whole, and
+    the run's re-run (after a durable sleep) replays them without calling the model, whose
+    script is used up by then."""
+    scripted = ScriptedModel([
+        [function_call("add_note", {"text": "streamed"}, call_id="c-stream")],
+        [assistant_message("noted it")],
+    ])
+    streamed: list[list[str]] = []
+
+    @engine.agent("streamed-desk")
+    async def streamed_desk(ctx: AgentContext, _: Any) -> Any:
+        desk = Agent(name="desk", instructions="desk", model=DurableModel(ctx, scripted),
+                     tools=[DurableRunner(ctx).durable_tool(app.add_note)])
+        run = Runner.run_streamed(desk, "note this", run_config=app.RUN_CONFIG)
+        kinds = [event.type async for event in run.stream_events()]
+        streamed.append(kinds)
+        await ctx.sleep(0)
+        return run.final_output
+
+    task_id = await engine.submit("streamed-desk")
+    state = await drive(engine, task_id)
+    assert str(state.status) == "COMPLETED", state.failure
+    assert state.output == "noted it"
+    assert scripted.remaining_steps == 0 and len(scripted.calls) == 2
+    assert len(streamed) == 2 and streamed[0] == streamed[1]
+    assert "raw_response_event" in streamed[0]
+    assert calls(await engine.history(task_id)) == [
+        ("llm", "ScriptedModel"), ("tool", "add_note"), ("llm", "ScriptedModel")]

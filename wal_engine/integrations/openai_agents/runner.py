@@ -63,7 +63,7 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
-from wal_engine.errors import InvalidInput
+from wal_engine.errors import InvalidInput, WalError
 from wal_engine.integrations.openai_agents.model import (
     DurableModel,
     DurableModelProvider,
@@ -131,6 +131,7 @@ class DurableRunner:
             InvalidInput: an argument the SDK or the journal cannot take (not an agent, an
                 input that is neither text nor a list, a tool whose effects would not be
                 journaled, tool concurrency above 1, ``max_turns`` below 1).
+            WalError: more than ``interruptions_max`` rounds of approvals.
         """
         _check_arguments(starting_agent, input, max_turns)
         config = self._config(run_config)
@@ -154,7 +155,7 @@ class DurableRunner:
                     state.reject(item)
             result = await Runner.run(agent, state, context=context, max_turns=max_turns,
                                       run_config=config)
-        raise InvalidInput(f"the run went through {interruptions_max} rounds of approvals")
+        raise WalError(f"the run went through {interruptions_max} rounds of approvals")
 
     def _config(self, run_config: RunConfig | None) -> RunConfig:
         """The run config with a journaled provider and model, tools one at a time."""
