@@ -15,7 +15,7 @@ pytest.importorskip(
     "agents", reason="the [openai-agents] extra is not installed: pip install"
     " 'wal-engine[openai-agents]'")
 
-from agents import Agent, RunConfig, Runner
+from agents import Agent, RunConfig, Runner, handoff
 from agents.run_config import ToolExecutionConfig
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool import LocalShellTool
@@ -25,6 +25,7 @@ from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput
 from wal_engine.integrations.openai_agents import DurableModel, DurableRunner
 from wal_engine.runtime.context import AgentContext
+from wal_engine.testing.crash import crash_at, expire_leases, run_worker_until_idle
 from wal_engine.testing.processes import WorkerPool, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,3 +251,51 @@ async def test_streamed_run_is_journaled_and_replayed_from_the_log(engine: Engin
     assert "raw_response_event" in streamed[0]
     assert calls(await engine.history(task_id)) == [
         ("llm", "ScriptedModel"), ("tool", "add_note"), ("llm", "ScriptedModel")]
+
+
+async def test_crash_inside_a_non_idempotent_tool_escalates_without_rerunning_it(
+        engine: Engine, effects: Path) -> None:
+    """A crash after a tool declared non-idempotent acted, before its result was
+    recorded: the resumed run escalates the call (the task fails with the tool named)
+    instead of running it again, and the tools before it are not run again either."""
+    @engine.agent("careful-desk")
+    async def careful_desk(ctx: AgentContext, question: str) -> Any:
+        runner = DurableRunner(ctx, non_idempotent_tools={"add_note"})
+        result = await runner.run(app.desk(approval=False), question,
+                                  run_config=app.RUN_CONFIG)
+        return result.final_output
+
+    task_id = await engine.submit("careful-desk", "I want my money back for A17")
+    with crash_at("after_effect_before_result", 2) as crash:
+        await run_worker_until_idle(engine)
+    assert crash.fired
+    assert acted(effects) == ["lookup_order A17", "add_note wants a refund"]
+    await expire_leases(engine)
+    state = await drive(engine, task_id)
+    assert str(state.status) == "FAILED"
+    assert state.failure is not None and state.failure.reason == "uncertain_side_effect"
+    assert "add_note" in str(state.failure.diagnostic)
+    assert acted(effects) == ["lookup_order A17", "add_note wants a refund"]
+
+
+async def test_handoff_object_continues_on_the_journaled_copy_of_its_target(
+        engine: Engine) -> None:
+    """A handoff made with the SDK's handoff() (its callback included) lands on the
+    journaled copy of the target: the target's model call is in the history too."""
+    triage_model = ScriptedModel([[function_call("transfer_to_refunds", {}, call_id="h1")]])
+    refunds_model = ScriptedModel([[assistant_message("refunds here")]])
+    handed: list[str] = []
+
+    @engine.agent("handoff-desk")
+    async def handoff_desk(ctx: AgentContext, _: Any) -> Any:
+        refunds = Agent(name="refunds", instructions="refunds", model=refunds_model)
+        triage = Agent(name="triage", instructions="triage", model=triage_model,
+                       handoffs=[handoff(refunds, on_handoff=lambda _: handed.append("h"))])
+        result = await DurableRunner(ctx).run(triage, "hi", run_config=app.RUN_CONFIG)
+        return {"output": result.final_output, "last_agent": result.last_agent.name}
+
+    task_id = await engine.submit("handoff-desk")
+    state = await drive(engine, task_id)
+    assert state.output == {"output": "refunds here", "last_agent": "refunds"}
+    assert handed == ["h"]
+    assert calls(await engine.history(task_id)) == [("llm", "ScriptedModel")] * 2

@@ -87,7 +87,7 @@ def test_the_crash_test_example_runs_as_written(pg_server: TestServer, tmp_path:
 async def test_the_openai_agents_example_runs_as_written(
         database_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """desk.py's main() hands off, waits for the refund's approval, approves it and
+    """desk.py's run_desk() hands off, waits for the refund's approval, approves it and
     prints the refund the model reports (skipped without the [openai-agents] extra). It
     runs in this process: a new one would spend seconds importing the SDK again."""
     pytest.importorskip("agents", reason="the [openai-agents] extra is not installed")
@@ -98,5 +98,5 @@ async def test_the_openai_agents_example_runs_as_written(
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    await module.main()
+    await module.run_desk()
     assert capsys.readouterr().out.strip().splitlines()[-1] == "refunded 20 on A17"

@@ -12,7 +12,9 @@ graph (the starting agent and every agent reachable through its handoffs) is cop
   a re-run gets its recorded output. The tool's output is recorded in its plain JSON form,
   and the SDK is handed that form live as on replay, so both see the same value;
 * each handoff pointing at the copy of its target, so a handoff continues on journaled
-  models and tools.
+  models and tools. The handoff itself is in the journaled model response; a handoff's
+  ``on_handoff`` callback is part of the SDK's loop and runs again when the task's code
+  runs again (after a wait or a crash): make its effects through a tool.
 
 Tools run one at a time, in the order of the model's response
 (``max_function_tool_concurrency=1``): the journal matches calls by their position, and
