@@ -75,3 +75,24 @@ async def test_approval_of_other_arguments_is_ignored(engine: Engine) -> None:
     await engine.approve(task_id, call_id, approver="ops")
     state = await drive(engine, task_id)
     assert state.output == {"approved": True, "approver": "ops", "comment": None}
+
+
+async def test_recorded_decision_for_other_arguments_is_a_divergence(engine: Engine) -> None:
+    """Code that, on a re-run, asks about other arguments than the recorded decision
+    answered fails with a non-determinism diagnosis instead of reusing the decision."""
+    amounts = [20, 20, 30]
+
+    @engine.agent("changing-decider")
+    async def changing(ctx: AgentContext, _: Any) -> Any:
+        decision = await ctx.approval("refund", {"amount": amounts.pop(0)})
+        await ctx.sleep(0)
+        return decision.approved
+
+    task_id = await engine.submit("changing-decider")
+    await drive(engine, task_id, "WAITING")
+    (call_id,) = (await engine.state(task_id)).approvals
+    await engine.approve(task_id, call_id, approver="ops")
+    state = await drive(engine, task_id)
+    assert amounts == []
+    assert str(state.status) == "FAILED"
+    assert state.failure is not None and state.failure.reason == "nondeterminism"

@@ -16,6 +16,7 @@ pytest.importorskip(
     " 'wal-engine[openai-agents]'")
 
 from agents import Agent, RunConfig, Runner, handoff
+from agents.models.interface import Model, ModelProvider
 from agents.run_config import ToolExecutionConfig
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool import LocalShellTool
@@ -299,3 +300,25 @@ async def test_handoff_object_continues_on_the_journaled_copy_of_its_target(
     assert state.output == {"output": "refunds here", "last_agent": "refunds"}
     assert handed == ["h"]
     assert calls(await engine.history(task_id)) == [("llm", "ScriptedModel")] * 2
+
+
+async def test_models_named_by_string_are_resolved_and_journaled(engine: Engine) -> None:
+    """Agents that name their model are resolved through the run config's provider, and
+    those models' calls are journaled under the name."""
+    scripted = ScriptedModel([[assistant_message("by name")]])
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> Model:
+            assert model_name == "desk-model"
+            return scripted
+
+    @engine.agent("named-model-desk")
+    async def named(ctx: AgentContext, _: Any) -> Any:
+        desk = Agent(name="desk", instructions="desk", model="desk-model")
+        config = RunConfig(model_provider=Provider(), tracing_disabled=True)
+        return (await DurableRunner(ctx).run(desk, "hi", run_config=config)).final_output
+
+    task_id = await engine.submit("named-model-desk")
+    state = await drive(engine, task_id)
+    assert state.output == "by name"
+    assert calls(await engine.history(task_id)) == [("llm", "desk-model")]
