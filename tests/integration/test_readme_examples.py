@@ -4,6 +4,7 @@ shell steps the README gives, through to COMPLETED) and the crash test of your o
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from wal_engine.testing.postgres import TestServer
 
@@ -80,3 +82,21 @@ def test_the_crash_test_example_runs_as_written(pg_server: TestServer, tmp_path:
     done = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], tmp_path,
                 env)
     assert "1 passed" in done.stdout
+
+
+async def test_the_openai_agents_example_runs_as_written(
+        database_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """desk.py's run_desk() hands off, waits for the refund's approval, approves it and
+    prints the refund the model reports (skipped without the [openai-agents] extra). It
+    runs in this process: a new one would spend seconds importing the SDK again."""
+    pytest.importorskip("agents", reason="the [openai-agents] extra is not installed")
+    path = tmp_path / "desk.py"
+    path.write_text(_block_with("DurableRunner(ctx).run(triage"))
+    monkeypatch.setenv("WAL_ENGINE_DSN", database_dsn)
+    spec = importlib.util.spec_from_file_location("readme_desk", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    await module.run_desk()
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "refunded 20 on A17"

@@ -240,6 +240,7 @@ SIGNATURES = {
     'ensure_lease': "() -> 'None'",
     'lease_valid': "() -> 'bool'",
     'secret_ref': "(name: 'str') -> 'dict[str, str]'",
+    'AgentContext.approval': "(self, name: 'str', args: 'Any' = None) -> 'ApprovalDecision'",
     'AgentContext.checkpoint': "(self, next_action: 'Any' = None) -> 'None'",
     'AgentContext.complete_node': "(self, node_id: 'str') -> 'None'",
     'AgentContext.deprecate_patch': "(self, change_id: 'str') -> 'None'",

@@ -498,37 +498,53 @@ class CallDriver:
         return await self._record_result(call_id, attempt, result)
 
     async def _approved(self, call_id: str) -> None:
-        """Wait until a human approved this exact call (tool and hash of its arguments)."""
+        """Wait until a human approved this exact call (tool and hash of its arguments);
+        a refusal fails the task."""
         run, spec = self.run, self.spec
-        signal_name = approval_signal(call_id)
-        approval = run.view.approvals.get(call_id)
-        if approval is None:
-            await run.append([ev.ApprovalRequested(call_id=call_id, tool=spec.name,
-                                                   args_hash=spec.args_hash,
-                                                   signal_name=signal_name)])
-        elif approval.approved is True:
+        decision = await decide_approval(run, call_id, spec.name, spec.args_hash)
+        if decision.approved:
             return
-        # Approvals already received (a crash fell between receipt and decision) are
-        # decided again first, in order, before waiting for another one.
-        received = iter(_received_signals(run, signal_name))
-        for _ in range(attempts_max):
-            payload = next(received, _none)
-            if payload is _none:
-                payload = await wait_signal(run, signal_name, None)
-            decision = _approval_decision(payload)
-            if decision is None or decision.args_hash != spec.args_hash:
-                log.warning("approval_rejected", task_id=run.task_id, call_id=call_id,
-                            reason="does not match the planned call")
-                continue
-            await run.append([ev.ApprovalDecided(
-                call_id=call_id, approved=decision.approved, approver=decision.approver,
-                args_hash=decision.args_hash, comment=decision.comment)])
-            if decision.approved:
-                return
-            await run.fail("approval_refused", None, diagnostic_extra={
-                "call_id": call_id, "tool": spec.name, "approver": decision.approver})
-            raise Finished
-        raise ToolError(call_id, "ApprovalLimit", "too many approvals that did not match")
+        await run.fail("approval_refused", None, diagnostic_extra={
+            "call_id": call_id, "tool": spec.name, "approver": decision.approver})
+        raise Finished
+
+
+async def decide_approval(run: Run, call_id: str, tool: str,
+                          hashed: str) -> ev.ApprovalDecided:
+    """Request a human's decision on the planned call ``call_id`` (``tool`` with arguments
+    of hash ``hashed``) and wait durably for it; return it once recorded.
+
+    Raises:
+        ToolError: too many answers that did not match the planned call.
+    """
+    signal_name = approval_signal(call_id)
+    approval = run.view.approvals.get(call_id)
+    if approval is None:
+        await run.append([ev.ApprovalRequested(call_id=call_id, tool=tool, args_hash=hashed,
+                                               signal_name=signal_name)])
+    elif approval.approved is not None:
+        assert approval.approver is not None
+        return ev.ApprovalDecided(call_id=call_id, approved=approval.approved,
+                                  approver=approval.approver, args_hash=approval.args_hash,
+                                  comment=approval.comment)
+    # Approvals already received (a crash fell between receipt and decision) are
+    # decided again first, in order, before waiting for another one.
+    received = iter(_received_signals(run, signal_name))
+    for _ in range(attempts_max):
+        payload = next(received, _none)
+        if payload is _none:
+            payload = await wait_signal(run, signal_name, None)
+        decision = _approval_decision(payload)
+        if decision is None or decision.args_hash != hashed:
+            log.warning("approval_rejected", task_id=run.task_id, call_id=call_id,
+                        reason="does not match the planned call")
+            continue
+        decided = ev.ApprovalDecided(
+            call_id=call_id, approved=decision.approved, approver=decision.approver,
+            args_hash=decision.args_hash, comment=decision.comment)
+        await run.append([decided])
+        return decided
+    raise ToolError(call_id, "ApprovalLimit", "too many approvals that did not match")
 
 
 _none: Final = object()

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
+import msgspec
+
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.journal import Fresh, InDoubt, Outcome, Recorded
 from replay.state import AgentState, CallKind, args_hash
@@ -25,7 +27,7 @@ from wal_engine.errors import InvalidInput, WalError
 from wal_engine.errors import SignalTimeout as SignalTimeout
 from wal_engine.errors import ToolError as ToolError
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
-from wal_engine.runtime.calls import CallDriver, LlmSpec, ToolSpec
+from wal_engine.runtime.calls import CallDriver, LlmSpec, ToolSpec, decide_approval
 from wal_engine.runtime.control import (
     INTERNAL_PREFIX,
     Suspended,
@@ -42,6 +44,19 @@ UncertainPolicy = Literal["fail", "wait"]
 T = TypeVar("T")
 R = TypeVar("R")
 error_text_max: Final = 2000
+approval_value_prefix: Final = "approval:"
+"""The journal name of a decision asked for with :meth:`AgentContext.approval` (then the
+name of what was to be approved)."""
+
+
+class ApprovalDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """A human's answer to :meth:`AgentContext.approval`."""
+
+    approved: bool
+    approver: str
+    comment: str | None = None
+    args_hash: str
+    """The hash of the arguments the decision is about."""
 
 
 
@@ -262,6 +277,46 @@ class AgentContext:
         spec = LlmSpec(name=model, function=function, args=request, args_hash=hashed,
                        retry=retry, timeout_s=timeout_s, result_type=result_type)
         return await CallDriver(self._run, spec).drive(outcome)
+
+    async def approval(self, name: str, args: Any = None) -> ApprovalDecision:
+        """Ask a human to decide on a planned action, wait durably, and return the decision
+        without acting: the code branches on it (an agent framework's own approval step,
+        a refusal the model is told about). ``engine.approve`` (or ``wal-engine approve``)
+        answers it, as for ``ctx.tool(..., approval=True)``, whose refusal instead fails
+        the task. The decision is journaled: a re-run gets it back without asking again.
+
+        Args:
+            name: What is to be approved, as the approver sees it (a tool's name).
+            args: Plain JSON arguments of the planned action; the answer must carry the
+                hash of exactly these (``engine.approve`` fills it in).
+
+        Returns:
+            The decision: approved or not, by whom, with the approver's comment.
+        """
+        name = self._run.redact_text(name)
+        hashed = args_hash(self._run.redact(args))
+        # A value's journal entry has no args hash: the decision carries the hash it
+        # answered, checked here on a re-run.
+        outcome = await self._next(CallKind.VALUE, f"{approval_value_prefix}{name}", "")
+        if isinstance(outcome, Recorded):
+            decision = msgspec.convert(outcome.result, ApprovalDecision)
+            if decision.args_hash != hashed:
+                raise NonDeterminismError(
+                    seq=outcome.seq, task_id=self.task_id, fork_point=outcome.seq - 1,
+                    call_index=0,
+                    recorded=CallSignature(kind="approval", name=name,
+                                           args_hash=decision.args_hash),
+                    requested=CallSignature(kind="approval", name=name, args_hash=hashed))
+            return decision
+        assert isinstance(outcome, Fresh)
+        decided = await decide_approval(self._run, outcome.call_id, name, hashed)
+        decision = ApprovalDecision(approved=decided.approved, approver=decided.approver,
+                                    comment=decided.comment, args_hash=hashed)
+        # The decision is the value's record, so a re-run branches the same way.
+        await self._run.append([ev.ValueRecorded(
+            call_id=outcome.call_id, kind=f"{approval_value_prefix}{name}",
+            value=msgspec.to_builtins(decision))])
+        return decision
 
     async def now(self) -> float:
         """Seconds since the epoch, journaled: a replay sees the same value."""
