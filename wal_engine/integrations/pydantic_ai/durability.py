@@ -5,13 +5,17 @@ its base capability collects the model, the toolsets (function, MCP, dynamic) an
 stream handler into *durable operations*, and hands each one to a backend to run as one
 durable unit. wal-engine's unit is a journaled call of the agent context:
 
-| operation | journaled as | on resume |
-| --- | --- | --- |
-| model request (streaming or not), message compaction | ``ctx.llm`` (response and token usage) | the recorded response; the model is not called |
-| function tool call, MCP tool call, dynamic tool call | ``ctx.tool`` (idempotent unless the tool says otherwise) | the recorded result; the tool does not run |
-| MCP ``get_tools``/``get_instructions``, dynamic discovery, MCP/dynamic argument validation | ``ctx.tool``, idempotent | the recorded answer |
-| event stream handler, for the run's tool events | ``ctx.tool``, idempotent | not delivered again |
-| run start time (for ``timeout=``) | ``ctx.now()`` | the recorded time |
+* a model request (streaming or not) or a message compaction: ``ctx.llm``, its response
+  and token usage recorded; on resume the recorded response, the model is not called;
+* a function, MCP or dynamic tool call: ``ctx.tool``, idempotent unless the tool's
+  ``wal_engine`` metadata says otherwise (:class:`CallOptions`); on resume the recorded
+  result, the tool does not run (an interrupted call is retried under its idempotency key,
+  or escalated if it is not idempotent, as ``ctx.tool`` does);
+* MCP ``get_tools``/``get_instructions``, dynamic toolset discovery, MCP and dynamic argument
+  validation: ``ctx.tool``, idempotent; on resume the recorded answer;
+* each tool event for the event stream handler: ``ctx.tool``, idempotent; a resumed run
+  does not deliver it again (model events reach the handler live, inside the model call);
+* the run's start time (for ``timeout=``): ``ctx.now()``.
 
 Function tool argument validation runs in place: it is the tool's own pydantic schema applied
 to arguments that come from a recorded model response, so it answers the same on every run,
@@ -41,18 +45,14 @@ from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
     CallableOperationBackend,
-    CapabilityOperationId,
     DurabilityEngineSpec,
     DurableOperationId,
     EventStreamHandlerId,
     JournalOperationNamer,
-    ModelCancelSuspendedResponseId,
     ModelCompactMessagesId,
     ModelRequestId,
     RoleBasedOperationConfig,
     ToolsetCallToolId,
-    ToolsetGetInstructionsId,
-    ToolsetGetToolsId,
     ToolsetKind,
     ToolsetValidateToolArgumentsId,
     conversation_id_from_run_id,
