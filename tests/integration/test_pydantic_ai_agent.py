@@ -24,9 +24,14 @@ from pydantic_ai.models.test import TestModel
 from tests.integration import pydantic_ai_agents as agents
 from wal_engine.engine import Engine
 from wal_engine.errors import ConfigurationError, InvalidInput
-from wal_engine.integrations.pydantic_ai import WalDurability, run_agent
+from wal_engine.integrations.pydantic_ai import CONFIG_KEY, WalDurability, run_agent
 from wal_engine.runtime.context import AgentContext
-from wal_engine.testing.crash import run_crash_free
+from wal_engine.testing.crash import (
+    crash_at,
+    expire_leases,
+    run_crash_free,
+    run_worker_until_idle,
+)
 from wal_engine.testing.processes import WorkerPool, wait_until
 from wal_engine.testing.replay import assert_replay_equivalent
 
@@ -255,3 +260,75 @@ async def test_event_stream_handler_gets_each_tool_event_once(engine: Engine) ->
 def _kind(event: AgentStreamEvent) -> str:
     return str(getattr(event, "event_kind", type(event).__name__))
 
+
+
+async def test_a_non_idempotent_tool_interrupted_mid_call_is_escalated_not_rerun(
+        engine: Engine) -> None:
+    """A tool marked non-idempotent in its metadata is journaled so; a crash after it acted
+    and before its result was recorded escalates it on resume (tool_call_uncertain), and it
+    does not run again; the idempotent tool before it is not run again either."""
+    agent = Agent(TestModel(), name="payments", capabilities=[WalDurability()])
+    runs: list[str] = []
+
+    @agent.tool_plain
+    def quote(amount: int) -> int:
+        """Quote a fee."""
+        runs.append("quote")
+        return amount // 10
+
+    @agent.tool_plain(metadata={CONFIG_KEY: {"idempotent": False}})
+    def charge(amount: int) -> str:
+        """Charge a card."""
+        runs.append("charge")
+        return f"charged {amount}"
+
+    @engine.agent("payments")
+    async def pay(ctx: AgentContext, prompt: str) -> str:
+        return str((await run_agent(ctx, agent, prompt)).output)
+
+    task_id = await engine.submit("payments", "pay")
+    with crash_at("after_effect_before_result", 2) as crash:
+        await run_worker_until_idle(engine)
+    assert crash.fired
+    await expire_leases(engine)
+    await run_worker_until_idle(engine)
+
+    history = await engine.history(task_id)
+    intents = {orjson.loads(r.payload)["tool"].rsplit(":", 1)[1]:
+               orjson.loads(r.payload)["idempotent"]
+               for r in history if r.type == "tool_call_intended"}
+    assert intents == {"quote": True, "charge": False}
+    assert runs == ["quote", "charge"]
+    assert [r.type for r in history].count("tool_call_uncertain") == 1
+    assert str((await engine.head(task_id)).status) == "FAILED"
+
+
+async def test_mcp_server_calls_are_journaled_as_tools(engine: Engine) -> None:
+    """An MCP server's discovery and tool calls are journaled as tool calls; a replay of the
+    history answers them from the log and the server sees no call again."""
+    fastmcp = pytest.importorskip("fastmcp", reason="MCPToolset needs fastmcp")
+    from pydantic_ai.mcp import MCPToolset
+
+    server = fastmcp.FastMCP("weather")
+    served: list[str] = []
+
+    @server.tool
+    def forecast(city: str) -> str:
+        """Tomorrow's weather in a city."""
+        served.append(city)
+        return f"sunny in {city}"
+
+    agent = Agent(TestModel(), name="weather",
+                  toolsets=[MCPToolset(server, id="weather-mcp")],
+                  capabilities=[WalDurability()])
+
+    @engine.agent("weather")
+    async def weather(ctx: AgentContext, prompt: str) -> str:
+        return str((await run_agent(ctx, agent, prompt)).output)
+
+    report = await assert_replay_equivalent(engine, "weather", "tomorrow?")
+    assert (report.outcome, report.output_matches) == ("completed", True)
+    assert len(served) == 1
+    names = [name for _kind, name in await _calls(engine, report.task_id)]
+    assert "weather__mcp_server__weather-mcp.get_tools" in names
+    assert names.count("weather__mcp_server__weather-mcp.call_tool") == 1
