@@ -128,7 +128,7 @@ def _run_step(value: object) -> int | None:
     return value.run_step if isinstance(value, RunContext) else None
 
 
-def _journal_args(operation_id: DurableOperationId, name: str,
+def _journal_args(operation_id: DurableOperationId,
                   cache_key: tuple[object, ...]) -> dict[str, Any]:
     """The call's arguments as journaled and matched on resume: what identifies the call,
     small and stable across processes (never message timestamps, never the whole history,
@@ -144,13 +144,13 @@ def _journal_args(operation_id: DurableOperationId, name: str,
         case ModelRequestId():
             messages = cache_key[1]
             count = len(messages) if isinstance(messages, list) else None
-            return {"operation": name, "messages": count, "run_step": step}
+            return {"messages": count, "run_step": step}
         case EventStreamHandlerId():
             event = cache_key[0]
-            return {"operation": name, "event": getattr(event, "event_kind", type(event).__name__),
+            return {"event": getattr(event, "event_kind", type(event).__name__),
                     "tool_call_id": _event_call_id(event), "run_step": step}
         case _:
-            return {"operation": name, "run_step": step}
+            return {"run_step": step}
 
 
 def _event_call_id(event: object) -> str | None:
@@ -207,7 +207,7 @@ class WalOperationBackend(CallableOperationBackend[CallOptions]):
         if isinstance(operation_id, ToolsetValidateToolArgumentsId) and (
                 operation_id.toolset_kind == "function"):
             return await body()
-        args = _journal_args(operation_id, name, cache_key)
+        args = _journal_args(operation_id, cache_key)
         options = config or {}
         retry = options.get("retry", DEFAULT_POLICY)
         timeout_s = options.get("timeout_s")
