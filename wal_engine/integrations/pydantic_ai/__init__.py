@@ -21,10 +21,10 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "pip install 'wal-engine[pydantic-ai]'"
     ) from error
 
+from wal_engine.errors import UnserializableValue
 from wal_engine.integrations.pydantic_ai.durability import (
     CONFIG_KEY,
     CallOptions,
-    UnserializableValue,
     WalDurability,
     current_context,
     durable_scope,

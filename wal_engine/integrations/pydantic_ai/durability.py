@@ -62,7 +62,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import ToolsetTool
 from pydantic_core import to_jsonable_python
 
-from wal_engine.errors import PermanentError
+from wal_engine.errors import UnserializableValue
 from wal_engine.retries import DEFAULT_POLICY, RetryPolicy
 from wal_engine.runtime.context import LlmResponse, UncertainPolicy
 
@@ -95,11 +95,6 @@ class CallOptions(TypedDict, total=False):
     on_uncertain: UncertainPolicy
     """What an interrupted non-idempotent call does: ``"fail"`` the task or ``"wait"``
     for ``engine.reconcile``."""
-
-
-class UnserializableValue(PermanentError):
-    """A model response or tool result that Pydantic AI's JSON codec cannot reduce to JSON:
-    it cannot be journaled, and a retry would fail the same way (so it is not retried)."""
 
 
 def current_context() -> AgentContext | None:
