@@ -3,6 +3,7 @@ process SIGKILLed mid-run and resumed in another, structured output, typed error
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,3 +333,33 @@ async def test_mcp_server_calls_are_journaled_as_tools(engine: Engine) -> None:
     names = [name for _kind, name in await _calls(engine, report.task_id)]
     assert "weather__mcp_server__weather-mcp.get_tools" in names
     assert names.count("weather__mcp_server__weather-mcp.call_tool") == 1
+
+
+async def test_a_worker_stopping_mid_run_hands_the_task_back_through_pydantic_ai(
+        engine: Engine) -> None:
+    """A graceful stop during a run unwinds the agent through Pydantic AI at its next call
+    (task_released, not a failure); another worker finishes it without running the tool
+    again."""
+    agent = Agent(TestModel(), name="drained", capabilities=[WalDurability()])
+    workers: list[Any] = []
+    runs: list[int] = []
+
+    @agent.tool_plain
+    async def step(x: int) -> int:
+        """Take a step; the first worker is asked to stop while it runs."""
+        runs.append(x)
+        workers[0].stop()
+        return x
+
+    @engine.agent("drained")
+    async def drained(ctx: AgentContext, prompt: str) -> str:
+        return str((await run_agent(ctx, agent, prompt)).output)
+
+    task_id = await engine.submit("drained", "go")
+    workers.append(engine.worker(poll_ms=20))
+    await asyncio.wait_for(workers[0].run(), 60)
+    assert str((await engine.head(task_id)).status) == "RESUMING"
+    await run_worker_until_idle(engine)
+    types = [record.type for record in await engine.history(task_id)]
+    assert types.count("task_released") == 1 and types[-1] == "task_completed"
+    assert types.count("tool_call_intended") == 1 and runs == [0]
