@@ -26,6 +26,7 @@ from tests.integration import pydantic_ai_agents as agents
 from wal_engine.engine import Engine
 from wal_engine.errors import ConfigurationError, InvalidInput
 from wal_engine.integrations.pydantic_ai import CONFIG_KEY, WalDurability, run_agent
+from wal_engine.retries import RetryPolicy
 from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import (
     crash_at,
@@ -363,3 +364,34 @@ async def test_a_worker_stopping_mid_run_hands_the_task_back_through_pydantic_ai
     types = [record.type for record in await engine.history(task_id)]
     assert types.count("task_released") == 1 and types[-1] == "task_completed"
     assert types.count("tool_call_intended") == 1 and runs == [0]
+
+
+async def test_model_errors_named_in_the_retry_policy_are_retried_in_the_journal(
+        engine: Engine) -> None:
+    """A model request failing with ModelHTTPError (named in retry_on) is retried as the
+    same journaled call, and the run completes; its failed attempt is in the log."""
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    attempts: list[int] = []
+
+    def flaky(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ModelHTTPError(503, "flaky-model", "overloaded")
+        return ModelResponse(parts=[TextPart("fine")])
+
+    policy = RetryPolicy(max_attempts=3, initial_delay_s=0.01, retry_on=("ModelHTTPError",))
+    agent = Agent(FunctionModel(flaky), name="flaky",
+                  capabilities=[WalDurability(model_options={"retry": policy})])
+
+    @engine.agent("flaky")
+    async def run_flaky(ctx: AgentContext, prompt: str) -> str:
+        return str((await run_agent(ctx, agent, prompt)).output)
+
+    state = await run_crash_free(engine, "flaky", "hello")
+    assert (str(state.status), state.output) == ("COMPLETED", "fine")
+    assert len(attempts) == 2
+    types = [record.type for record in await engine.history(state.task_id)]
+    assert types.count("llm_call_intended") == 2 and types.count("llm_call_completed") == 1
