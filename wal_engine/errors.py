@@ -363,6 +363,12 @@ class PermanentError(Exception):
     """
 
 
+class UnserializableValue(PermanentError):
+    """A framework's value (a model response, a tool result) that cannot be reduced to the
+    plain JSON the log stores: it cannot be journaled, and a retry would fail the same way,
+    so the call fails for good (raised by :mod:`wal_engine.integrations.pydantic_ai`)."""
+
+
 class DidNotAct(Exception):
     """Raise from a tool to say: this attempt did not act (nothing reached the service).
 

@@ -100,3 +100,17 @@ async def test_the_openai_agents_example_runs_as_written(
     spec.loader.exec_module(module)
     await module.run_desk()
     assert capsys.readouterr().out.strip().splitlines()[-1] == "refunded 20 on A17"
+
+
+def test_the_pydantic_ai_example_runs_as_written(database_dsn: str, tmp_path: Path) -> None:
+    """weather.py runs its durable Pydantic AI agent to COMPLETED; the printed history shows
+    the model requests as LLM calls and both tools as tool calls."""
+    pytest.importorskip("pydantic_ai.durable_exec", reason="the [pydantic-ai] extra")
+    (tmp_path / "weather.py").write_text(_block_with("WalDurability()"))
+    env = {**os.environ, "WAL_ENGINE_DSN": database_dsn, "WAL_ENGINE_LOG_LEVEL": "warning"}
+    output, history = _run([sys.executable, "weather.py"], tmp_path, env).stdout.splitlines()[-2:]
+    assert "'city'" in output and "'summary'" in output
+    events = history.split()
+    assert events[0] == "task_submitted" and events[-1] == "task_completed"
+    assert events.count("llm_call_completed") == 2
+    assert events.count("tool_call_completed") == 2
