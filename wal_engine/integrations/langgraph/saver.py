@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -84,19 +83,30 @@ channel_maps_max: Final = 4096
 
 
 def default_serde() -> SerializerProtocol:
-    """LangGraph's serializer restricted to its safe msgpack allowlist.
+    """LangGraph's serializer exactly as LangGraph's own savers build it: ``JsonPlusSerializer()``.
 
-    Stored data stays data: only the allowlisted types (messages, documents, dates, ...) and
-    the types of the graph's own state schema (which LangGraph adds through
-    ``with_allowlist`` when the graph is compiled) are ever constructed from a stored value;
-    pickle is never used.
+    Its msgpack allowlist therefore follows LangGraph's settings. By default (permissive, as
+    ``InMemorySaver`` and ``AsyncPostgresSaver`` behave) the graph's own types come back as
+    themselves: dataclasses, Pydantic models, Enums, LangChain's ``AgentAction`` and the
+    like, each type LangGraph has not registered logged once by LangGraph as a warning. With
+    ``LANGGRAPH_STRICT_MSGPACK=true`` in the environment when LangGraph is imported, only
+    LangGraph's safe types and the types of the graph's own schemas (which LangGraph adds
+    through ``with_allowlist`` when the graph is compiled) are ever constructed from a stored
+    value; any other comes back as its plain data. For an explicit allowlist pass
+    ``serde=JsonPlusSerializer(allowed_msgpack_modules=[("module", "Class"), ...])``
+    (``None`` for the safe types only). Pickle is never used.
     """
-    return JsonPlusSerializer(allowed_msgpack_modules=None)
+    return JsonPlusSerializer()
 
 
 def default_worker_id() -> str:
-    """``langgraph:<host>:<pid>:<random>``: who wrote, as recorded in claim events."""
-    return f"langgraph:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """``langgraph:<host>:<pid>:<random>``: who wrote, as recorded in claim events.
+
+    The random part (8 hex digits from ``os.urandom``, never ``uuid4`` or ``random``, whose
+    sequences applications seed or patch) tells apart two processes that reuse a pid on one
+    host, as containers do. The saver calls this on its first write, never when it is built.
+    """
+    return f"langgraph:{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 class WalCheckpointSaver(BaseCheckpointSaver[int]):
@@ -111,7 +121,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
     Args:
         store: The wal-engine store to write to (its database must hold the schema).
         serde: LangGraph serializer; defaults to :func:`default_serde`.
-        worker_id: This writer's identity in the log; defaults to :func:`default_worker_id`.
+        worker_id: This writer's identity in the log; defaults to :func:`default_worker_id`,
+            drawn on the saver's first write.
     """
 
     def __init__(
@@ -124,7 +135,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde or default_serde())
         self.store = store
         self.database = store.database
-        self.thread_log = ThreadLog(store, worker_id or default_worker_id())
+        self.thread_log = ThreadLog(store, worker_id or default_worker_id)
         self.retention = Retention(self.thread_log)
         self._channel_maps: OrderedDict[tuple[str, str, str], ChannelMap] = OrderedDict()
         self._setup_done = False

@@ -115,17 +115,26 @@ class ThreadLog:
 
     Args:
         store: The wal-engine store (its pool, payload limit and ``create_task``).
-        worker_id: The writer's identity, recorded in claim and resume events.
+        worker_id: The writer's identity, recorded in claim and resume events; or a function
+            that makes it, called once, on the first claim (so that building a saver draws
+            nothing).
     """
 
-    def __init__(self, store: Store, worker_id: str) -> None:
+    def __init__(self, store: Store, worker_id: str | Callable[[], str]) -> None:
         self.store = store
         self.database = store.database
-        self.worker_id = worker_id
+        self._worker_id = worker_id
         self.heads: OrderedDict[str, Head] = OrderedDict()
         # Weak: a thread's lock lives while an operation on the thread holds it.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary())
+
+    @property
+    def worker_id(self) -> str:
+        """This writer's identity (made on first use when given as a function)."""
+        if callable(self._worker_id):
+            self._worker_id = self._worker_id()
+        return self._worker_id
 
     def _lock(self, task_id: str) -> asyncio.Lock:
         lock = self._locks.get(task_id)
