@@ -22,7 +22,9 @@ pytest.importorskip(
 
 import pydantic
 from langchain_core.agents import AgentAction
+from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.types import TASKS
 from langgraph.graph import END, START, StateGraph
 
 from wal_engine.integrations.langgraph import WalCheckpointSaver, thread_task_id
@@ -185,3 +187,39 @@ async def test_building_a_saver_draws_no_randomness(
     host_pid = claims[0]["worker_id"].rsplit(":", 1)[0]
     assert host_pid.startswith("langgraph:") and host_pid.endswith(f":{os.getpid()}")
     assert saver.thread_log.worker_id == claims[0]["worker_id"]
+
+
+async def test_sends_of_checkpoints_before_format_4_are_migrated(store: Store) -> None:
+    """A format-3 checkpoint reads its parent's __pregel_tasks writes as that channel."""
+    saver = WalCheckpointSaver(store, worker_id="sends")
+    config: Any = {"configurable": {"thread_id": "sends", "checkpoint_ns": ""}}
+    first = empty_checkpoint()
+    first["v"] = 3
+    config = await saver.aput(config, first, {}, {})
+    await saver.aput_writes(config, [(TASKS, "b-0"), ("other", 5), (TASKS, "b-1")], "task-b",
+                            "~path-b")
+    await saver.aput_writes(config, [(TASKS, "a-0")], "task-a", "~path-a")
+    parent = await saver.aget_tuple(config)
+    assert parent is not None and parent.checkpoint["channel_values"] == {}
+    second = create_checkpoint(first, None, 1)
+    second["v"] = 3
+    second["channel_values"] = {"counter": 1}
+    second["channel_versions"] = {"counter": 3}
+    config = await saver.aput(config, second, {}, {"counter": 3})
+    fresh = WalCheckpointSaver(store, worker_id="sends-reader")
+    loaded = await fresh.aget_tuple(config)
+    assert loaded is not None
+    assert loaded.checkpoint["channel_values"] == {"counter": 1,
+                                                   TASKS: ["a-0", "b-0", "b-1"]}
+    assert loaded.checkpoint["channel_versions"][TASKS] == 3
+    listed = [found async for found in fresh.alist({"configurable": {"thread_id": "sends"}})]
+    assert [found.checkpoint["channel_values"].get(TASKS) for found in listed] == [
+        ["a-0", "b-0", "b-1"], None]
+    await saver.aput_writes(config, [(TASKS, "c-0")], "task-c")
+    current = create_checkpoint(second, None, 2)  # format 4: its sends are a channel already
+    current["v"] = 4
+    current["channel_values"] = {"counter": 2}
+    current["channel_versions"] = {"counter": 4}
+    config = await saver.aput(config, current, {}, {"counter": 4})
+    latest = await fresh.aget_tuple(config)
+    assert latest is not None and TASKS not in latest.checkpoint["channel_values"]

@@ -275,6 +275,18 @@ LIST_ALL: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
  LIMIT $6
 """
 
+# The writes events of parent checkpoints ($3 ids) of one namespace: the pending sends of
+# checkpoints older than format 4 (see reading.migrate_sends). $4 bounds the events read.
+PARENT_WRITES: Final = """
+SELECT w.checkpoint_id, we.seq, we.version, we.payload
+  FROM wal_graph_writes w
+  JOIN wal_events we ON we.tenant = w.tenant AND we.task_id = w.task_id AND we.seq = w.seq
+ WHERE w.tenant = current_setting('wal.tenant', true) AND w.task_id = $1
+   AND w.checkpoint_ns = $2 AND w.checkpoint_id = ANY($3::text[])
+ ORDER BY w.seq
+ LIMIT $4
+"""
+
 THREAD_IDS: Final = """
 SELECT task_id, thread_id FROM wal_graph_threads
  WHERE tenant = current_setting('wal.tenant', true) AND task_id = ANY($1::text[])

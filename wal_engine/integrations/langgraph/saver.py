@@ -33,7 +33,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
 from langchain_core.runnables import RunnableConfig
@@ -64,6 +64,9 @@ from wal_engine.integrations.langgraph.reading import (
     ChannelMap,
     StoredCheckpoint,
     decode_row,
+    decode_writes,
+    migrate_sends,
+    needs_sends_migration,
     parent_map,
     to_tuple,
     writes_events_max,
@@ -357,13 +360,40 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 task_id=task_id)
         if row is None:
             return None
-        return self._loaded(decode_row(row, thread_id))
+        item = decode_row(row, thread_id)
+        return (await self._with_sends([item]))[0]
 
     def _loaded(self, item: StoredCheckpoint) -> CheckpointTuple:
         """The tuple of a read checkpoint; its channel map is kept for a child's put."""
         self._remember((item.task_id, item.event.checkpoint_ns, item.event.checkpoint_id),
                        item.channel_map())
         return to_tuple(item, self._codec)
+
+    async def _with_sends(self, items: list[StoredCheckpoint]) -> list[CheckpointTuple]:
+        """The tuples of read checkpoints, those before format 4 with their sends migrated.
+
+        One more round trip per thread and namespace among them, and none when every
+        checkpoint is of format 4 or later (all LangGraph 0.2.x and later writes).
+        """
+        tuples = [self._loaded(item) for item in items]
+        old: dict[tuple[str, str], list[int]] = {}
+        for position, item in enumerate(items):
+            if needs_sends_migration(item):
+                old.setdefault((item.task_id, item.event.checkpoint_ns), []).append(position)
+        for (task_id, namespace), positions in old.items():
+            parents = sorted({str(items[i].event.parent_checkpoint_id) for i in positions})
+            rows = await self.database.fetch(queries.PARENT_WRITES, task_id, namespace, parents,
+                                             writes_events_max, task_id=task_id)
+            writes: dict[str, list[vocabulary.GraphWritesSaved]] = {}
+            for row in rows:
+                writes.setdefault(row["checkpoint_id"], []).append(
+                    decode_writes(row["version"], row["payload"], int(row["seq"])))
+            for position in positions:
+                parent = str(items[position].event.parent_checkpoint_id)
+                checkpoint = cast(dict[str, Any], tuples[position].checkpoint)
+                migrate_sends(checkpoint, writes.get(parent, []), self._codec,
+                              self.get_next_version(None, None))
+        return tuples
 
     async def alist(
         self,
@@ -396,8 +426,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         while remaining > 0:
             page_size = min(remaining, list_page_checkpoints)
             page = await self._list_page(config, metadata_filter, before_id, cursor, page_size)
-            for item in page:
-                yield self._loaded(item)
+            for found in await self._with_sends(page):
+                yield found
             remaining -= len(page)
             if len(page) < page_size:
                 return
