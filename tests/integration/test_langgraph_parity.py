@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from typing import Any
 
@@ -27,7 +28,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import TASKS
 from langgraph.graph import END, START, StateGraph
 
-from wal_engine.integrations.langgraph import WalCheckpointSaver, thread_task_id
+from wal_engine.integrations.langgraph import WalCheckpointSaver, queries, thread_task_id
 from wal_engine.store import Store
 
 from .test_langgraph_saver import Thread
@@ -223,3 +224,65 @@ async def test_sends_of_checkpoints_before_format_4_are_migrated(store: Store) -
     config = await saver.aput(config, current, {}, {"counter": 4})
     latest = await fresh.aget_tuple(config)
     assert latest is not None and TASKS not in latest.checkpoint["channel_values"]
+
+
+PLAN_TABLES = ("wal_tasks", "wal_events", "wal_graph_threads", "wal_graph_checkpoints",
+               "wal_graph_writes")
+"""Every table a list of one thread reads."""
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan tree, depth first."""
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(plan_nodes(child))
+    return found
+
+
+async def test_listing_a_long_thread_uses_the_index_without_statistics(store: Store) -> None:
+    """On a database never analyzed, every plan of listing a 1,000-step thread is index scans."""
+    database = store.database
+    saver = WalCheckpointSaver(store, worker_id="plans")
+    await saver.setup()
+    async with database.acquire() as connection:
+        for table in PLAN_TABLES:
+            await connection.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    thread = Thread(saver, "long")
+    await thread.put({"document": "v0", "counter": 0})
+    for step in range(1, 1000):
+        await thread.put({"counter": step})
+    never = await database.fetch(
+        "SELECT relname FROM pg_stat_user_tables WHERE relname = ANY($1::text[])"
+        " AND last_analyze IS NULL AND last_autoanalyze IS NULL", list(PLAN_TABLES))
+    assert len(never) == len(PLAN_TABLES)
+    started = time.perf_counter()
+    listed = [found async for found in saver.alist({"configurable": {"thread_id": "long"}})]
+    elapsed_s = time.perf_counter() - started
+    assert len(listed) == 1000
+    print(f"listed 1000 checkpoints in {elapsed_s:.3f} s")
+    task_id = thread_task_id("long")
+    middle = listed[500].checkpoint["id"]
+    by_position = {"wal_graph_checkpoints_by_position"}
+    by_key = {"wal_graph_checkpoints_pkey", "wal_graph_checkpoints_by_position"}  # either fits
+    statements = {
+        "first page": (by_position, queries.LIST_THREAD, task_id, None, 100, 10_000),
+        "next page": (by_position, queries.LIST_THREAD_BELOW, task_id, middle, "", None, 100,
+                      10_000),
+        "namespace": (by_key, queries.LIST_NAMESPACE, task_id, "", None, 100, 10_000),
+        "namespace next": (by_key, queries.LIST_NAMESPACE_BELOW, task_id, "", middle, None, 100,
+                           10_000),
+    }
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        for name, (index, statement, *arguments) in statements.items():
+            async with database.acquire() as connection:
+                async with connection.transaction():
+                    await connection.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                    rows = await connection.fetchval(
+                        "EXPLAIN (FORMAT JSON) " + statement, *arguments)
+            nodes = plan_nodes(json.loads(rows)[0]["Plan"])
+            scans = {(node["Node Type"], node.get("Relation Name"), node.get("Index Name"),
+                      node.get("Scan Direction")) for node in nodes if "Relation Name" in node}
+            assert not [scan for scan in scans if scan[0] == "Seq Scan"], (mode, name, scans)
+            assert not [node for node in nodes if node["Node Type"] == "Sort"], (mode, name)
+            assert [scan for scan in scans if scan[:2] == ("Index Scan", "wal_graph_checkpoints")
+                    and scan[2] in index and scan[3] == "Backward"], (mode, name, scans)

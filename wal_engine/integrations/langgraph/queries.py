@@ -107,6 +107,9 @@ BEGIN
     END LOOP;
 END;
 $tenancy$;
+-- A thread's checkpoints in list order (checkpoint id, then namespace), for LIST_THREAD.
+CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_position
+    ON wal_graph_checkpoints (tenant, task_id, checkpoint_id, checkpoint_ns);
 DROP INDEX IF EXISTS wal_graph_checkpoints_by_run;
 CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_tenant_run
     ON wal_graph_checkpoints (tenant, run_id) WHERE run_id IS NOT NULL;
@@ -244,24 +247,44 @@ SELECT c.seq, e.version, e.payload
    AND c.checkpoint_id = $3
 """
 
-# A page of one namespace of a thread, newest first: ids below $3 (the ``before`` config or
-# the page cursor), metadata containing $4.
-LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+# Pages of a thread, newest first, come in two shapes each: the first page, and a page below
+# a bound (the ``before`` config or the last row of the previous page), so that the bound is
+# an index condition of the one plan each statement has, with or without statistics (an
+# ``$n IS NULL OR ...`` bound is only a filter: every page would scan the pages before it).
+# $n metadata filter: checkpoints whose metadata contains it (not an index condition).
+
+# A page of one namespace: the primary key read backwards.
+LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$5") + """
  WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
-   AND ($3::text IS NULL OR c.checkpoint_id < $3)
+   AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
+ ORDER BY c.checkpoint_id DESC
+ LIMIT $4
+"""
+
+# The same below checkpoint id $3.
+LIST_NAMESPACE_BELOW: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
+   AND c.checkpoint_id < $3
    AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
  ORDER BY c.checkpoint_id DESC
  LIMIT $5
 """
 
-# A page of every namespace of a thread; cursor ($5 id, $6 namespace) of the last row.
-LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
+# A page of every namespace of a thread: wal_graph_checkpoints_by_position read backwards.
+LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$4") + """
  WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1
-   AND ($2::text IS NULL OR c.checkpoint_id < $2)
-   AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
-   AND ($4::text IS NULL OR (c.checkpoint_id, c.checkpoint_ns) < ($4, $5::text))
+   AND ($2::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $2::jsonb)
  ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
- LIMIT $6
+ LIMIT $3
+"""
+
+# The same below position ($2 id, $3 namespace); ``before`` is the position (its id, '').
+LIST_THREAD_BELOW: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1
+   AND (c.checkpoint_id, c.checkpoint_ns) < ($2, $3::text)
+   AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
+ ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
+ LIMIT $5
 """
 
 # A page across every thread (``list(None, ...)``); cursor ($3 id, $4 task, $5 namespace).

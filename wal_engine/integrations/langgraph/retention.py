@@ -210,11 +210,14 @@ class Retention:
         stored: list[StoredCheckpoint] = []
         cursor: tuple[str, str] | None = None
         while len(stored) < copy_checkpoints_max:
-            rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, None, None,
-                None if cursor is None else cursor[0], None if cursor is None else cursor[1],
-                copy_page_checkpoints, writes_events_max, task_id=task_id,
-            )
+            if cursor is None:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD, task_id, None, copy_page_checkpoints,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD_BELOW, task_id, *cursor, None, copy_page_checkpoints,
+                    writes_events_max, task_id=task_id)
             stored.extend(decode_row(row, thread_id) for row in rows)
             if len(rows) < copy_page_checkpoints:
                 return stored

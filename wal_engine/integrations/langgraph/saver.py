@@ -468,17 +468,27 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         task_id = thread_task_id(str(thread_id))
         namespace = configurable.get("checkpoint_ns")
         if namespace is None:
-            rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, before_id, metadata_filter, last_id,
-                None if cursor is None else cursor.event.checkpoint_ns, page_size,
-                writes_events_max, task_id=task_id,
-            )
+            # Below the cursor's position; ``before`` alone is the position (before_id, '').
+            below = ((cursor.event.checkpoint_id, cursor.event.checkpoint_ns)
+                     if cursor is not None else None if before_id is None else (before_id, ""))
+            if below is None:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD, task_id, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD_BELOW, task_id, *below, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
         else:
             upper = min((i for i in (before_id, last_id) if i is not None), default=None)
-            rows = await self.database.fetch(
-                queries.LIST_NAMESPACE, task_id, namespace, upper, metadata_filter,
-                page_size, writes_events_max, task_id=task_id,
-            )
+            if upper is None:
+                rows = await self.database.fetch(
+                    queries.LIST_NAMESPACE, task_id, namespace, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_NAMESPACE_BELOW, task_id, namespace, upper, metadata_filter,
+                    page_size, writes_events_max, task_id=task_id)
         return [decode_row(row, thread_id) for row in rows]
 
     async def _thread_ids(self, task_ids: set[str]) -> dict[str, str]:
