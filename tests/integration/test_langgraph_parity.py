@@ -286,3 +286,33 @@ async def test_listing_a_long_thread_uses_the_index_without_statistics(store: St
             assert not [node for node in nodes if node["Node Type"] == "Sort"], (mode, name)
             assert [scan for scan in scans if scan[:2] == ("Index Scan", "wal_graph_checkpoints")
                     and scan[2] in index and scan[3] == "Backward"], (mode, name, scans)
+
+
+async def test_metadata_integers_beyond_64_bits_are_kept_exactly(store: Store) -> None:
+    """Integers past 2^63 in metadata are stored, read back exactly and matched by filters."""
+    saver = WalCheckpointSaver(store, worker_id="big")
+    big, negative = 2**64, -(2**70)
+    thread = Thread(saver, "big")
+    first = await thread.put({"a": 1}, n=big, nested={"m": [negative, 5]})
+    await thread.put({"a": 2}, n=str(big))  # the same digits as text: a different value
+    await thread.put({"a": 3}, n=2**63 - 1)
+    fresh = WalCheckpointSaver(store, worker_id="big-reader")
+    loaded = await fresh.aget_tuple({"configurable": first["configurable"]})
+    assert loaded is not None
+    assert loaded.metadata["n"] == big and type(loaded.metadata["n"]) is int
+    assert loaded.metadata["nested"] == {"m": [negative, 5]}
+    config: Any = {"configurable": {"thread_id": "big"}}
+    matched = [found.metadata["n"] async for found in fresh.alist(config, filter={"n": big})]
+    assert matched == [big]
+    as_text = [found.metadata["n"] async for found in fresh.alist(config,
+                                                                  filter={"n": str(big)})]
+    assert as_text == [str(big)]
+    nested = [found.config["configurable"]["checkpoint_id"] async for found in fresh.alist(
+        None, filter={"nested": {"m": [negative]}})]
+    assert nested == [first["configurable"]["checkpoint_id"]]
+    copied = WalCheckpointSaver(store, worker_id="big-copy")
+    await copied.acopy_thread("big", "big-copy")
+    again = await copied.aget_tuple({"configurable": {**first["configurable"],
+                                                      "thread_id": "big-copy"}})
+    assert again is not None and again.metadata["n"] == big
+    assert all([(await store.verify_task(thread_task_id(name))).ok for name in ("big", "big-copy")])

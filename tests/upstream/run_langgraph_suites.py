@@ -80,6 +80,9 @@ class Result:
     suite: str
     counts: dict[str, Counter[str]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    """wal-engine's failed tests -> their report."""
+    others: list[str] = field(default_factory=list)
+    """The other savers' failed tests."""
     returncode: int = 0
 
 
@@ -192,8 +195,11 @@ def run_suite(suite: Suite, cache: Path, admin_dsn: str, *, keyword: str | None 
                            f"\n{completed.stderr[-4000:]}")
     for nodeid, entry in outcomes.items():
         result.counts.setdefault(entry["saver"], Counter())[entry["outcome"]] += 1
-        if entry["saver"] == "wal_engine" and entry["outcome"] in ("failed", "error"):
-            result.failures[nodeid] = entry["detail"]
+        if entry["outcome"] in ("failed", "error"):
+            if entry["saver"] == "wal_engine":
+                result.failures[nodeid] = entry["detail"]
+            else:
+                result.others.append(nodeid)
     return result
 
 
@@ -207,6 +213,8 @@ def render(results: list[Result]) -> str:
                 f"{counts['passed']:>7} {counts['failed']:>7} {counts['error']:>6} "
                 f"{counts['skipped']:>8} {counts['xfailed']:>8}")
     for result in results:
+        for nodeid in sorted(result.others):
+            lines.append(f"failed (other saver) {result.suite} {nodeid}")
         for nodeid, detail in sorted(result.failures.items()):
             lines.append(f"\nFAILED (wal_engine) {result.suite} {nodeid}\n{detail[-1500:]}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ A :data:`ChannelMap` (channel -> (version key, seq of the event holding the valu
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -27,7 +28,7 @@ from langgraph.checkpoint.serde.types import TASKS
 
 from wal_engine import events as vocabulary
 from wal_engine.errors import CorruptionError
-from wal_engine.integrations.langgraph.codec import ValueCodec, version_key
+from wal_engine.integrations.langgraph.codec import ValueCodec, restore_big_ints, version_key
 
 writes_events_max: Final = 10_000
 """Most ``graph_writes_saved`` events read for one checkpoint."""
@@ -182,7 +183,11 @@ def to_tuple(item: StoredCheckpoint, codec: ValueCodec) -> CheckpointTuple:
     parent: RunnableConfig | None = None
     if event.parent_checkpoint_id:
         parent = {"configurable": {**configurable, "checkpoint_id": event.parent_checkpoint_id}}
-    metadata = cast(CheckpointMetadata, event.metadata)  # stored as LangGraph gave it
+    # Stored as LangGraph gave it, big integers as their text (codec.lift_big_ints).
+    stored_metadata = dict(event.metadata)
+    if event.big_ints:
+        stored_metadata = restore_big_ints(copy.deepcopy(stored_metadata), event.big_ints)
+    metadata = cast(CheckpointMetadata, stored_metadata)
     return CheckpointTuple(
         config={"configurable": configurable},
         checkpoint=checkpoint,

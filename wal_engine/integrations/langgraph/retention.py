@@ -257,7 +257,7 @@ async def _copy_checkpoint(
     copied = vocabulary.GraphCheckpointSaved(
         checkpoint_ns=event.checkpoint_ns, checkpoint_id=event.checkpoint_id,
         parent_checkpoint_id=event.parent_checkpoint_id, checkpoint=event.checkpoint,
-        metadata=event.metadata, values=values, refs=refs,
+        metadata=event.metadata, values=values, refs=refs, big_ints=event.big_ints,
     )
     run_id = event.metadata.get("run_id")
     seq = await locked.append(copied, checkpoint_index(

@@ -54,6 +54,8 @@ from wal_engine import events as vocabulary
 from wal_engine.integrations.langgraph import queries
 from wal_engine.integrations.langgraph.codec import (
     ValueCodec,
+    contains,
+    lift_big_ints,
     next_version,
     split_checkpoint,
     thread_task_id,
@@ -246,14 +248,15 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         parent_id = configurable.get("checkpoint_id")
         inherited = await self._parent_channels(task_id, namespace, parent_id)
         values, refs = self._split_values(checkpoint, new_versions, inherited)
-        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
+        stored_metadata, big_ints = lift_big_ints(
+            dict(get_serializable_checkpoint_metadata(config, metadata)))
         run_id = stored_metadata.get("run_id")
         skeleton = split_checkpoint(dict(checkpoint))
         del skeleton["id"]  # It is the event's checkpoint_id.
         event = vocabulary.GraphCheckpointSaved(
             checkpoint_ns=namespace, checkpoint_id=checkpoint["id"],
             parent_checkpoint_id=parent_id, checkpoint=skeleton, metadata=stored_metadata,
-            values=values, refs=refs,
+            values=values, refs=refs, big_ints=big_ints,
         )
         seq = await self.thread_log.append(str(thread_id), event, checkpoint_index(
             namespace, checkpoint["id"], None if run_id is None else str(run_id),
@@ -420,15 +423,23 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 yield found
             return
         remaining = list_checkpoints_max if limit is None else max(0, int(limit))
-        metadata_filter = None if not filter else orjson.dumps(filter).decode()
+        lifted, big_ints = lift_big_ints(filter or {})
+        metadata_filter = None if not filter else orjson.dumps(lifted).decode()
         before_id = None if before is None else get_checkpoint_id(before)
         cursor: StoredCheckpoint | None = None
         while remaining > 0:
             page_size = min(remaining, list_page_checkpoints)
             page = await self._list_page(config, metadata_filter, before_id, cursor, page_size)
-            for found in await self._with_sends(page):
+            for item, found in zip(page, await self._with_sends(page), strict=True):
+                # A big int stored as its text matches that text as a string and the other
+                # way round (codec.lift_big_ints): then the filter is checked exactly.
+                if (filter and (big_ints or item.event.big_ints)
+                        and not contains(dict(found.metadata), filter)):
+                    continue
                 yield found
-            remaining -= len(page)
+                remaining -= 1
+                if remaining == 0:
+                    return
             if len(page) < page_size:
                 return
             cursor = page[-1]
