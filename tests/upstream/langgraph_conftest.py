@@ -26,8 +26,8 @@ from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.store.memory import InMemoryStore
-from tests.memory_assert import MemorySaverAssertImmutable
 
+from tests.memory_assert import MemorySaverAssertImmutable
 from wal_engine.dsn import with_database
 from wal_engine.integrations.langgraph import WalCheckpointSaver
 

@@ -161,8 +161,12 @@ def test_files(root: Path, suite: Suite) -> list[str]:
 
 
 def run_suite(suite: Suite, cache: Path, admin_dsn: str, *, keyword: str | None = None,
-              savers: tuple[str, ...] | None = None) -> Result:
-    """Run one suite in a pytest subprocess and tally its outcomes per saver."""
+              savers: tuple[str, ...] | None = None,
+              files: list[str] | None = None) -> Result:
+    """Run one suite in a pytest subprocess and tally its outcomes per saver.
+
+    ``files`` (names under the sdist's ``tests/``) narrows the files the suite runs.
+    """
     root = prepare(suite, cache, admin_dsn)
     plugins = cache / "plugins"
     plugins.mkdir(parents=True, exist_ok=True)
@@ -182,7 +186,7 @@ def run_suite(suite: Suite, cache: Path, admin_dsn: str, *, keyword: str | None 
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-p", "wal_upstream_plugin", "-o", "addopts=",
                "--timeout", str(TEST_TIMEOUT_S), "--tb=short",
-               *test_files(root, suite)]
+               *(test_files(root, suite) if not files else [f"tests/{name}" for name in files])]
     if keyword:
         command += ["-k", keyword]
     completed = subprocess.run(command, cwd=root, env=environment, timeout=SUITE_TIMEOUT_S,
@@ -225,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", action="append", choices=sorted(SUITES))
     parser.add_argument("--saver", action="append", help="savers to run (default: all)")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (a subset)")
+    parser.add_argument("--file", action="append", help="test file of the suite (a subset)")
     parser.add_argument("--cache", type=Path, default=default_cache())
     parser.add_argument("--json", action="store_true", help="print counts as JSON")
     arguments = parser.parse_args(argv)
@@ -235,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = [run_suite(SUITES[name], arguments.cache, server.admin_dsn,
                              keyword=arguments.keyword,
-                             savers=tuple(arguments.saver) if arguments.saver else None)
+                             savers=tuple(arguments.saver) if arguments.saver else None,
+                             files=arguments.file)
                    for name in arguments.suite or sorted(SUITES)]
     finally:
         server.close()
