@@ -191,8 +191,13 @@ EMIT: Final = "SELECT wal_emit($1, $2, $3::jsonb, $4, $5)"
 
 # The claim itself: the saver's lease has no expiry (a LangGraph thread is written by
 # whichever process runs it; a newer writer takes it over, see saver.py), so the engine's
-# lease breaker never orphans it and workers never claim it (status RUNNING).
+# lease breaker never orphans it and workers never claim it (status RUNNING). The same
+# statement maps the task to its thread id ($4), once.
 CLAIM_TASK: Final = """
+WITH mapped AS (
+    INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $4)
+    ON CONFLICT (tenant, task_id) DO NOTHING
+)
 UPDATE wal_tasks t
    SET lease_epoch = $2, lease_owner = $3, lease_expires_at = NULL, wake_at = NULL,
        waiting_signal = NULL, attempts = t.attempts + 1,
