@@ -25,6 +25,7 @@ import pytest
 from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.store.memory import InMemoryStore
 
 from tests.memory_assert import MemorySaverAssertImmutable
@@ -34,6 +35,10 @@ from wal_engine.integrations.langgraph import WalCheckpointSaver
 pytest.register_assert_rewrite("tests.memory_assert")
 
 ADMIN_DSN = os.environ["WAL_UPSTREAM_ADMIN_DSN"]
+STRICT = os.environ.get("LANGGRAPH_STRICT_MSGPACK", "false").lower() in ("1", "true", "yes")
+"""LangGraph's strict msgpack mode: LangGraph's fixtures then give their savers
+``JsonPlusSerializer(allowed_msgpack_modules=None)``; wal-engine's saver keeps its default,
+which follows the same setting (the behaviour under test)."""
 SAVERS = os.environ.get("WAL_UPSTREAM_SAVERS", "memory,postgres,wal_engine").split(",")
 _names = itertools.count(1)
 
@@ -138,13 +143,19 @@ async def async_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     yield InMemoryStore()
 
 
+def _strict(saver: Any) -> Any:
+    if STRICT:
+        saver.serde = JsonPlusSerializer(allowed_msgpack_modules=None)
+    return saver
+
+
 @pytest.fixture(params=SAVERS)
 def sync_checkpointer(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "memory":
-        yield MemorySaverAssertImmutable()
+        yield _strict(MemorySaverAssertImmutable())
     elif request.param == "postgres":
         with _postgres_sync() as saver:
-            yield saver
+            yield _strict(saver)
     elif request.param == "wal_engine":
         with _wal_engine_sync() as saver:
             yield saver
@@ -155,10 +166,10 @@ def sync_checkpointer(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture(params=SAVERS)
 async def async_checkpointer(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     if request.param == "memory":
-        yield MemorySaverAssertImmutable()
+        yield _strict(MemorySaverAssertImmutable())
     elif request.param == "postgres":
         async with _postgres_async() as saver:
-            yield saver
+            yield _strict(saver)
     elif request.param == "wal_engine":
         async with _wal_engine_async() as saver:
             yield saver

@@ -162,10 +162,11 @@ def test_files(root: Path, suite: Suite) -> list[str]:
 
 def run_suite(suite: Suite, cache: Path, admin_dsn: str, *, keyword: str | None = None,
               savers: tuple[str, ...] | None = None,
-              files: list[str] | None = None) -> Result:
+              files: list[str] | None = None, strict: bool = False) -> Result:
     """Run one suite in a pytest subprocess and tally its outcomes per saver.
 
-    ``files`` (names under the sdist's ``tests/``) narrows the files the suite runs.
+    ``files`` (names under the sdist's ``tests/``) narrows the files the suite runs;
+    ``strict`` runs it with ``LANGGRAPH_STRICT_MSGPACK=true``.
     """
     root = prepare(suite, cache, admin_dsn)
     plugins = cache / "plugins"
@@ -182,6 +183,7 @@ def run_suite(suite: Suite, cache: Path, admin_dsn: str, *, keyword: str | None 
         "PYTHONPATH": os.pathsep.join([str(plugins), str(test_packages(cache)), str(REPO),
                                        os.environ.get("PYTHONPATH", "")]),
         "NO_DOCKER": "true",
+        "LANGGRAPH_STRICT_MSGPACK": "true" if strict else "false",
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-p", "wal_upstream_plugin", "-o", "addopts=",
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", action="append", help="test file of the suite (a subset)")
     parser.add_argument("--cache", type=Path, default=default_cache())
     parser.add_argument("--json", action="store_true", help="print counts as JSON")
+    parser.add_argument("--strict", action="store_true",
+                        help="run with LANGGRAPH_STRICT_MSGPACK=true")
     arguments = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from wal_engine.testing.postgres import start_test_server
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_suite(SUITES[name], arguments.cache, server.admin_dsn,
                              keyword=arguments.keyword,
                              savers=tuple(arguments.saver) if arguments.saver else None,
-                             files=arguments.file)
+                             files=arguments.file, strict=arguments.strict)
                    for name in arguments.suite or sorted(SUITES)]
     finally:
         server.close()
