@@ -7,11 +7,13 @@ import enum
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -316,3 +318,16 @@ async def test_metadata_integers_beyond_64_bits_are_kept_exactly(store: Store) -
                                                       "thread_id": "big-copy"}})
     assert again is not None and again.metadata["n"] == big
     assert all([(await store.verify_task(thread_task_id(name))).ok for name in ("big", "big-copy")])
+
+
+def test_the_readme_langgraph_example_runs(database_dsn: str) -> None:
+    """The README's LangGraph example runs as written and prints the graph's reply."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (block,) = [text for text in re.findall(r"```python\n(.*?)```", readme, re.S)
+                if "WalCheckpointSaver" in text]
+    environment = {**os.environ, "WAL_ENGINE_DSN": database_dsn,
+                   "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
+                            timeout=120, env=environment)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "seen 1 messages"
