@@ -376,7 +376,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         """The tuples of read checkpoints, those before format 4 with their sends migrated.
 
         One more round trip per thread and namespace among them, and none when every
-        checkpoint is of format 4 or later (all LangGraph 0.2.x and later writes).
+        checkpoint is of format 4 or later (every checkpoint LangGraph 1.x writes).
         """
         tuples = [self._loaded(item) for item in items]
         old: dict[tuple[str, str], list[int]] = {}
