@@ -347,6 +347,9 @@ class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", frozen=True, kw_
     ``refs`` maps every other channel that has a value to the seq of the earlier event of
     this task whose ``values`` holds it. A checkpoint's size therefore does not grow with the
     thread's history, and reading one needs the events it names, never a scan.
+    ``big_ints`` lists the JSON paths in ``metadata`` of integers outside the signed 64-bit
+    range, which the log's payloads do not hold as numbers: each is stored as its decimal
+    text at that path and read back as the integer.
     """
 
     checkpoint_ns: str = ""
@@ -356,6 +359,7 @@ class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved", frozen=True, kw_
     metadata: dict[str, Any] = {}
     values: dict[str, Any] = {}
     refs: dict[str, int] = {}
+    big_ints: list[list[str | int]] = []
 
 
 class GraphWritesSaved(Event, tag="graph_writes_saved", frozen=True, kw_only=True):

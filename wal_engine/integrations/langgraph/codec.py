@@ -160,6 +160,70 @@ def _inflate(packed: bytes) -> bytes:
     return data
 
 
+int_min: Final = -(2**63)
+int_max: Final = 2**63 - 1
+"""The integers the log's payloads hold as JSON numbers (:mod:`wal_engine.payloads`)."""
+
+JsonPath = list[str | int]
+"""Keys and indexes from a metadata dict down to one value."""
+
+
+def lift_big_ints(value: Any, path: JsonPath | None = None,
+                  found: list[JsonPath] | None = None) -> tuple[Any, list[JsonPath]]:
+    """``value`` with every integer outside the 64-bit range as its decimal text, and where.
+
+    The log's payloads hold only 64-bit integers as numbers; LangGraph's Postgres saver
+    keeps any integer exactly (jsonb numeric). The paths let :func:`restore_big_ints` give
+    back the very integers, and let a metadata filter match them (``lift_big_ints`` of the
+    filter turns them into the same text).
+    """
+    path = [] if path is None else path
+    found = [] if found is None else found
+    if type(value) is int and not int_min <= value <= int_max:
+        found.append(list(path))
+        return str(value), found
+    if isinstance(value, dict):
+        return {key: lift_big_ints(item, [*path, key], found)[0]
+                for key, item in value.items()}, found
+    if isinstance(value, (list, tuple)):
+        return [lift_big_ints(item, [*path, index], found)[0]
+                for index, item in enumerate(value)], found
+    return value, found
+
+
+def restore_big_ints(value: Any, paths: list[JsonPath]) -> Any:
+    """``value`` (a stored metadata dict, changed in place) with its big integers back.
+
+    Raises:
+        CorruptionError: a path does not lead to the decimal text of an integer.
+    """
+    for path in paths:
+        holder = value
+        try:
+            for step in path[:-1]:
+                holder = holder[step]
+            holder[path[-1]] = int(holder[path[-1]])
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise CorruptionError(f"stored big integer at {path!r} is malformed") from error
+    return value
+
+
+def contains(document: Any, wanted: Any) -> bool:
+    """JSON containment as jsonb's ``@>`` decides it (objects by key, arrays by element),
+    with integers compared exactly: the check behind a metadata filter holding big ints."""
+    if isinstance(wanted, dict):
+        return isinstance(document, dict) and all(
+            key in document and contains(document[key], item) for key, item in wanted.items())
+    if isinstance(wanted, (list, tuple)):
+        return isinstance(document, list) and all(
+            any(contains(element, item) for element in document) for item in wanted)
+    numbers = (int, float)
+    if (isinstance(document, numbers) and isinstance(wanted, numbers)
+            and not isinstance(document, bool) and not isinstance(wanted, bool)):
+        return bool(document == wanted)  # jsonb compares numbers by value: 1 matches 1.0
+    return type(document) is type(wanted) and bool(document == wanted)
+
+
 def split_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint without its channel values (what a checkpoint event stores inline).
 

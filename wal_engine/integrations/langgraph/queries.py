@@ -107,6 +107,9 @@ BEGIN
     END LOOP;
 END;
 $tenancy$;
+-- A thread's checkpoints in list order (checkpoint id, then namespace), for LIST_THREAD.
+CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_position
+    ON wal_graph_checkpoints (tenant, task_id, checkpoint_id, checkpoint_ns);
 DROP INDEX IF EXISTS wal_graph_checkpoints_by_run;
 CREATE INDEX IF NOT EXISTS wal_graph_checkpoints_by_tenant_run
     ON wal_graph_checkpoints (tenant, run_id) WHERE run_id IS NOT NULL;
@@ -188,8 +191,13 @@ EMIT: Final = "SELECT wal_emit($1, $2, $3::jsonb, $4, $5)"
 
 # The claim itself: the saver's lease has no expiry (a LangGraph thread is written by
 # whichever process runs it; a newer writer takes it over, see saver.py), so the engine's
-# lease breaker never orphans it and workers never claim it (status RUNNING).
+# lease breaker never orphans it and workers never claim it (status RUNNING). The same
+# statement maps the task to its thread id ($4), once.
 CLAIM_TASK: Final = """
+WITH mapped AS (
+    INSERT INTO wal_graph_threads (task_id, thread_id) VALUES ($1, $4)
+    ON CONFLICT (tenant, task_id) DO NOTHING
+)
 UPDATE wal_tasks t
    SET lease_epoch = $2, lease_owner = $3, lease_expires_at = NULL, wake_at = NULL,
        waiting_signal = NULL, attempts = t.attempts + 1,
@@ -244,24 +252,44 @@ SELECT c.seq, e.version, e.payload
    AND c.checkpoint_id = $3
 """
 
-# A page of one namespace of a thread, newest first: ids below $3 (the ``before`` config or
-# the page cursor), metadata containing $4.
-LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+# Pages of a thread, newest first, come in two shapes each: the first page, and a page below
+# a bound (the ``before`` config or the last row of the previous page), so that the bound is
+# an index condition of the one plan each statement has, with or without statistics (an
+# ``$n IS NULL OR ...`` bound is only a filter: every page would scan the pages before it).
+# $n metadata filter: checkpoints whose metadata contains it (not an index condition).
+
+# A page of one namespace: the primary key read backwards.
+LIST_NAMESPACE: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$5") + """
  WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
-   AND ($3::text IS NULL OR c.checkpoint_id < $3)
+   AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
+ ORDER BY c.checkpoint_id DESC
+ LIMIT $4
+"""
+
+# The same below checkpoint id $3.
+LIST_NAMESPACE_BELOW: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1 AND c.checkpoint_ns = $2
+   AND c.checkpoint_id < $3
    AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
  ORDER BY c.checkpoint_id DESC
  LIMIT $5
 """
 
-# A page of every namespace of a thread; cursor ($5 id, $6 namespace) of the last row.
-LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
+# A page of every namespace of a thread: wal_graph_checkpoints_by_position read backwards.
+LIST_THREAD: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$4") + """
  WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1
-   AND ($2::text IS NULL OR c.checkpoint_id < $2)
-   AND ($3::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $3::jsonb)
-   AND ($4::text IS NULL OR (c.checkpoint_id, c.checkpoint_ns) < ($4, $5::text))
+   AND ($2::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $2::jsonb)
  ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
- LIMIT $6
+ LIMIT $3
+"""
+
+# The same below position ($2 id, $3 namespace); ``before`` is the position (its id, '').
+LIST_THREAD_BELOW: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$6") + """
+ WHERE c.tenant = current_setting('wal.tenant', true) AND c.task_id = $1
+   AND (c.checkpoint_id, c.checkpoint_ns) < ($2, $3::text)
+   AND ($4::jsonb IS NULL OR convert_from(e.payload, 'UTF8')::jsonb -> 'metadata' @> $4::jsonb)
+ ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
+ LIMIT $5
 """
 
 # A page across every thread (``list(None, ...)``); cursor ($3 id, $4 task, $5 namespace).
@@ -273,6 +301,18 @@ LIST_ALL: Final = _CHECKPOINT_COLUMNS.format(writes_limit="$7") + """
         OR (c.checkpoint_id, c.task_id, c.checkpoint_ns) < ($3, $4::text, $5::text))
  ORDER BY c.checkpoint_id DESC, c.task_id DESC, c.checkpoint_ns DESC
  LIMIT $6
+"""
+
+# The writes events of parent checkpoints ($3 ids) of one namespace: the pending sends of
+# checkpoints older than format 4 (see reading.migrate_sends). $4 bounds the events read.
+PARENT_WRITES: Final = """
+SELECT w.checkpoint_id, we.seq, we.version, we.payload
+  FROM wal_graph_writes w
+  JOIN wal_events we ON we.tenant = w.tenant AND we.task_id = w.task_id AND we.seq = w.seq
+ WHERE w.tenant = current_setting('wal.tenant', true) AND w.task_id = $1
+   AND w.checkpoint_ns = $2 AND w.checkpoint_id = ANY($3::text[])
+ ORDER BY w.seq
+ LIMIT $4
 """
 
 THREAD_IDS: Final = """

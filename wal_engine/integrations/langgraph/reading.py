@@ -11,6 +11,7 @@ A :data:`ChannelMap` (channel -> (version key, seq of the event holding the valu
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -23,10 +24,11 @@ from langgraph.checkpoint.base import (
     PendingWrite,
     writes_sort_key,
 )
+from langgraph.checkpoint.serde.types import TASKS
 
 from wal_engine import events as vocabulary
 from wal_engine.errors import CorruptionError
-from wal_engine.integrations.langgraph.codec import ValueCodec, version_key
+from wal_engine.integrations.langgraph.codec import ValueCodec, restore_big_ints, version_key
 
 writes_events_max: Final = 10_000
 """Most ``graph_writes_saved`` events read for one checkpoint."""
@@ -84,11 +86,15 @@ def decode_row(row: Any, thread_id: Any) -> StoredCheckpoint:
         stored.entries[channel] = entry
         stored.sources[channel] = ref_seq
     for write_seq, write_version, write_payload in row["writes"]:
-        writes = vocabulary.decode_event("graph_writes_saved", write_version, write_payload,
-                                         write_seq)
-        assert isinstance(writes, vocabulary.GraphWritesSaved)
-        stored.writes.append(writes)
+        stored.writes.append(decode_writes(write_version, write_payload, write_seq))
     return stored
+
+
+def decode_writes(version: int, payload: bytes, seq: int) -> vocabulary.GraphWritesSaved:
+    """A stored ``graph_writes_saved`` payload (fails closed on unknown versions)."""
+    event = vocabulary.decode_event("graph_writes_saved", version, payload, seq)
+    assert isinstance(event, vocabulary.GraphWritesSaved)
+    return event
 
 
 def parent_map(seq: int, version: int, payload: bytes) -> ChannelMap:
@@ -110,6 +116,13 @@ def merge_writes(
     One write per (writer task, index): an ordinary write keeps the first value stored, a
     special write (error, interrupt, ...) the last. Sorted by ``writes_sort_key``.
     """
+    return [(task, channel, codec.decode(entry)) for task, channel, entry in _merged(events)]
+
+
+def _merged(
+    events: Sequence[vocabulary.GraphWritesSaved],
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(task, channel, stored entry) of :func:`merge_writes`, in its order, not decoded."""
     merged: dict[tuple[str, int], tuple[str, str, dict[str, Any]]] = {}
     for event in events:
         for entry in event.writes:
@@ -119,8 +132,37 @@ def merge_writes(
     ordered = sorted(
         merged.items(), key=lambda item: writes_sort_key(item[1][0], item[0][0], item[0][1])
     )
-    return [(task, channel, codec.decode(entry))
-            for (task, _index), (_path, channel, entry) in ordered]
+    return [(task, channel, entry) for (task, _index), (_path, channel, entry) in ordered]
+
+
+def needs_sends_migration(item: StoredCheckpoint) -> bool:
+    """Whether the checkpoint predates format 4, whose sends live in the parent's writes.
+
+    Before format 4 LangGraph kept ``Send`` packets as writes to the ``__pregel_tasks``
+    channel of the parent checkpoint (``pending_sends``); from 4 on they are a channel value.
+    """
+    version = item.event.checkpoint.get("v")
+    return (isinstance(version, int) and version < 4
+            and item.event.parent_checkpoint_id is not None)
+
+
+def migrate_sends(
+    checkpoint: dict[str, Any], parent_writes: Sequence[vocabulary.GraphWritesSaved],
+    codec: ValueCodec, first_version: Any,
+) -> None:
+    """Move the parent's ``__pregel_tasks`` writes into ``checkpoint`` as that channel.
+
+    As LangGraph's Postgres saver migrates them on read: the sends in ``writes_sort_key``
+    order become the channel's value, at the checkpoint's highest channel version (or
+    ``first_version`` when it has none). Nothing changes when the parent sent nothing.
+    """
+    sends = [codec.decode(entry) for _task, channel, entry in _merged(parent_writes)
+             if channel == TASKS]
+    if not sends:
+        return
+    checkpoint["channel_values"][TASKS] = sends
+    versions = checkpoint["channel_versions"]
+    versions[TASKS] = max(versions.values()) if versions else first_version
 
 
 def to_tuple(item: StoredCheckpoint, codec: ValueCodec) -> CheckpointTuple:
@@ -141,7 +183,11 @@ def to_tuple(item: StoredCheckpoint, codec: ValueCodec) -> CheckpointTuple:
     parent: RunnableConfig | None = None
     if event.parent_checkpoint_id:
         parent = {"configurable": {**configurable, "checkpoint_id": event.parent_checkpoint_id}}
-    metadata = cast(CheckpointMetadata, event.metadata)  # stored as LangGraph gave it
+    # Stored as LangGraph gave it, big integers as their text (codec.lift_big_ints).
+    stored_metadata = dict(event.metadata)
+    if event.big_ints:
+        stored_metadata = restore_big_ints(copy.deepcopy(stored_metadata), event.big_ints)
+    metadata = cast(CheckpointMetadata, stored_metadata)
     return CheckpointTuple(
         config={"configurable": configurable},
         checkpoint=checkpoint,

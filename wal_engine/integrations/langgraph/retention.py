@@ -210,11 +210,14 @@ class Retention:
         stored: list[StoredCheckpoint] = []
         cursor: tuple[str, str] | None = None
         while len(stored) < copy_checkpoints_max:
-            rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, None, None,
-                None if cursor is None else cursor[0], None if cursor is None else cursor[1],
-                copy_page_checkpoints, writes_events_max, task_id=task_id,
-            )
+            if cursor is None:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD, task_id, None, copy_page_checkpoints,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD_BELOW, task_id, *cursor, None, copy_page_checkpoints,
+                    writes_events_max, task_id=task_id)
             stored.extend(decode_row(row, thread_id) for row in rows)
             if len(rows) < copy_page_checkpoints:
                 return stored
@@ -254,7 +257,7 @@ async def _copy_checkpoint(
     copied = vocabulary.GraphCheckpointSaved(
         checkpoint_ns=event.checkpoint_ns, checkpoint_id=event.checkpoint_id,
         parent_checkpoint_id=event.parent_checkpoint_id, checkpoint=event.checkpoint,
-        metadata=event.metadata, values=values, refs=refs,
+        metadata=event.metadata, values=values, refs=refs, big_ints=event.big_ints,
     )
     run_id = event.metadata.get("run_id")
     seq = await locked.append(copied, checkpoint_index(

@@ -30,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
 from langchain_core.runnables import RunnableConfig
@@ -55,6 +54,8 @@ from wal_engine import events as vocabulary
 from wal_engine.integrations.langgraph import queries
 from wal_engine.integrations.langgraph.codec import (
     ValueCodec,
+    contains,
+    lift_big_ints,
     next_version,
     split_checkpoint,
     thread_task_id,
@@ -65,6 +66,9 @@ from wal_engine.integrations.langgraph.reading import (
     ChannelMap,
     StoredCheckpoint,
     decode_row,
+    decode_writes,
+    migrate_sends,
+    needs_sends_migration,
     parent_map,
     to_tuple,
     writes_events_max,
@@ -84,19 +88,30 @@ channel_maps_max: Final = 4096
 
 
 def default_serde() -> SerializerProtocol:
-    """LangGraph's serializer restricted to its safe msgpack allowlist.
+    """LangGraph's serializer exactly as LangGraph's own savers build it: ``JsonPlusSerializer()``.
 
-    Stored data stays data: only the allowlisted types (messages, documents, dates, ...) and
-    the types of the graph's own state schema (which LangGraph adds through
-    ``with_allowlist`` when the graph is compiled) are ever constructed from a stored value;
-    pickle is never used.
+    Its msgpack allowlist therefore follows LangGraph's settings. By default (permissive, as
+    ``InMemorySaver`` and ``AsyncPostgresSaver`` behave) the graph's own types come back as
+    themselves: dataclasses, Pydantic models, Enums, LangChain's ``AgentAction`` and the
+    like, each type LangGraph has not registered logged once by LangGraph as a warning. With
+    ``LANGGRAPH_STRICT_MSGPACK=true`` in the environment when LangGraph is imported, only
+    LangGraph's safe types and the types of the graph's own schemas (which LangGraph adds
+    through ``with_allowlist`` when the graph is compiled) are ever constructed from a stored
+    value; any other comes back as its plain data. For an explicit allowlist pass
+    ``serde=JsonPlusSerializer(allowed_msgpack_modules=[("module", "Class"), ...])``
+    (``None`` for the safe types only). Pickle is never used.
     """
-    return JsonPlusSerializer(allowed_msgpack_modules=None)
+    return JsonPlusSerializer()
 
 
 def default_worker_id() -> str:
-    """``langgraph:<host>:<pid>:<random>``: who wrote, as recorded in claim events."""
-    return f"langgraph:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """``langgraph:<host>:<pid>:<random>``: who wrote, as recorded in claim events.
+
+    The random part (8 hex digits from ``os.urandom``, never ``uuid4`` or ``random``, whose
+    sequences applications seed or patch) tells apart two processes that reuse a pid on one
+    host, as containers do. The saver calls this on its first write, never when it is built.
+    """
+    return f"langgraph:{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 class WalCheckpointSaver(BaseCheckpointSaver[int]):
@@ -111,7 +126,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
     Args:
         store: The wal-engine store to write to (its database must hold the schema).
         serde: LangGraph serializer; defaults to :func:`default_serde`.
-        worker_id: This writer's identity in the log; defaults to :func:`default_worker_id`.
+        worker_id: This writer's identity in the log; defaults to :func:`default_worker_id`,
+            drawn on the saver's first write.
     """
 
     def __init__(
@@ -124,7 +140,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde or default_serde())
         self.store = store
         self.database = store.database
-        self.thread_log = ThreadLog(store, worker_id or default_worker_id())
+        self.thread_log = ThreadLog(store, worker_id or default_worker_id)
         self.retention = Retention(self.thread_log)
         self._channel_maps: OrderedDict[tuple[str, str, str], ChannelMap] = OrderedDict()
         self._setup_done = False
@@ -232,14 +248,15 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         parent_id = configurable.get("checkpoint_id")
         inherited = await self._parent_channels(task_id, namespace, parent_id)
         values, refs = self._split_values(checkpoint, new_versions, inherited)
-        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
+        stored_metadata, big_ints = lift_big_ints(
+            dict(get_serializable_checkpoint_metadata(config, metadata)))
         run_id = stored_metadata.get("run_id")
         skeleton = split_checkpoint(dict(checkpoint))
         del skeleton["id"]  # It is the event's checkpoint_id.
         event = vocabulary.GraphCheckpointSaved(
             checkpoint_ns=namespace, checkpoint_id=checkpoint["id"],
             parent_checkpoint_id=parent_id, checkpoint=skeleton, metadata=stored_metadata,
-            values=values, refs=refs,
+            values=values, refs=refs, big_ints=big_ints,
         )
         seq = await self.thread_log.append(str(thread_id), event, checkpoint_index(
             namespace, checkpoint["id"], None if run_id is None else str(run_id),
@@ -346,13 +363,40 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 task_id=task_id)
         if row is None:
             return None
-        return self._loaded(decode_row(row, thread_id))
+        item = decode_row(row, thread_id)
+        return (await self._with_sends([item]))[0]
 
     def _loaded(self, item: StoredCheckpoint) -> CheckpointTuple:
         """The tuple of a read checkpoint; its channel map is kept for a child's put."""
         self._remember((item.task_id, item.event.checkpoint_ns, item.event.checkpoint_id),
                        item.channel_map())
         return to_tuple(item, self._codec)
+
+    async def _with_sends(self, items: list[StoredCheckpoint]) -> list[CheckpointTuple]:
+        """The tuples of read checkpoints, those before format 4 with their sends migrated.
+
+        One more round trip per thread and namespace among them, and none when every
+        checkpoint is of format 4 or later (every checkpoint LangGraph 1.x writes).
+        """
+        tuples = [self._loaded(item) for item in items]
+        old: dict[tuple[str, str], list[int]] = {}
+        for position, item in enumerate(items):
+            if needs_sends_migration(item):
+                old.setdefault((item.task_id, item.event.checkpoint_ns), []).append(position)
+        for (task_id, namespace), positions in old.items():
+            parents = sorted({str(items[i].event.parent_checkpoint_id) for i in positions})
+            rows = await self.database.fetch(queries.PARENT_WRITES, task_id, namespace, parents,
+                                             writes_events_max, task_id=task_id)
+            writes: dict[str, list[vocabulary.GraphWritesSaved]] = {}
+            for row in rows:
+                writes.setdefault(row["checkpoint_id"], []).append(
+                    decode_writes(row["version"], row["payload"], int(row["seq"])))
+            for position in positions:
+                parent = str(items[position].event.parent_checkpoint_id)
+                checkpoint = cast(dict[str, Any], tuples[position].checkpoint)
+                migrate_sends(checkpoint, writes.get(parent, []), self._codec,
+                              self.get_next_version(None, None))
+        return tuples
 
     async def alist(
         self,
@@ -379,15 +423,23 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 yield found
             return
         remaining = list_checkpoints_max if limit is None else max(0, int(limit))
-        metadata_filter = None if not filter else orjson.dumps(filter).decode()
+        lifted, big_ints = lift_big_ints(filter or {})
+        metadata_filter = None if not filter else orjson.dumps(lifted).decode()
         before_id = None if before is None else get_checkpoint_id(before)
         cursor: StoredCheckpoint | None = None
         while remaining > 0:
             page_size = min(remaining, list_page_checkpoints)
             page = await self._list_page(config, metadata_filter, before_id, cursor, page_size)
-            for item in page:
-                yield self._loaded(item)
-            remaining -= len(page)
+            for item, found in zip(page, await self._with_sends(page), strict=True):
+                # A big int stored as its text matches that text as a string and the other
+                # way round (codec.lift_big_ints): then the filter is checked exactly.
+                if (filter and (big_ints or item.event.big_ints)
+                        and not contains(dict(found.metadata), filter)):
+                    continue
+                yield found
+                remaining -= 1
+                if remaining == 0:
+                    return
             if len(page) < page_size:
                 return
             cursor = page[-1]
@@ -427,17 +479,27 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
         task_id = thread_task_id(str(thread_id))
         namespace = configurable.get("checkpoint_ns")
         if namespace is None:
-            rows = await self.database.fetch(
-                queries.LIST_THREAD, task_id, before_id, metadata_filter, last_id,
-                None if cursor is None else cursor.event.checkpoint_ns, page_size,
-                writes_events_max, task_id=task_id,
-            )
+            # Below the cursor's position; ``before`` alone is the position (before_id, '').
+            below = ((cursor.event.checkpoint_id, cursor.event.checkpoint_ns)
+                     if cursor is not None else None if before_id is None else (before_id, ""))
+            if below is None:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD, task_id, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_THREAD_BELOW, task_id, *below, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
         else:
             upper = min((i for i in (before_id, last_id) if i is not None), default=None)
-            rows = await self.database.fetch(
-                queries.LIST_NAMESPACE, task_id, namespace, upper, metadata_filter,
-                page_size, writes_events_max, task_id=task_id,
-            )
+            if upper is None:
+                rows = await self.database.fetch(
+                    queries.LIST_NAMESPACE, task_id, namespace, metadata_filter, page_size,
+                    writes_events_max, task_id=task_id)
+            else:
+                rows = await self.database.fetch(
+                    queries.LIST_NAMESPACE_BELOW, task_id, namespace, upper, metadata_filter,
+                    page_size, writes_events_max, task_id=task_id)
         return [decode_row(row, thread_id) for row in rows]
 
     async def _thread_ids(self, task_ids: set[str]) -> dict[str, str]:
