@@ -84,3 +84,28 @@ async def escalations(engine: Any, task_id: str) -> list[ev.ToolCallUncertain]:
         if isinstance(event, ev.ToolCallUncertain):
             found.append(event)
     return found
+
+
+DRIVE_TIMINGS: dict[str, Any] = {"lease_ttl_ms": 600, "heartbeat_ms": 150, "poll_ms": 50,
+                                 "sweep_ms": 100}
+"""Worker timings of :func:`drive`: short leases, so that a run held up is noticed fast."""
+
+
+async def drive(engine: Any, task_id: str, status: str | None = None, *,
+                timings: dict[str, Any] | None = None) -> Any:
+    """Run an in-process worker until the task is terminal (its output) or reaches
+    ``status``."""
+    from wal_engine.testing.processes import wait_until
+
+    worker = engine.worker(concurrency=2, **(timings or DRIVE_TIMINGS))
+    running = asyncio.create_task(worker.run())
+    try:
+        if status is None:
+            return await engine.wait(task_id, timeout_s=20)
+
+        async def reached() -> bool:
+            return str((await engine.head(task_id)).status) == status
+        return await wait_until(reached, f"task {task_id} to be {status}", 20)
+    finally:
+        worker.stop()
+        await running

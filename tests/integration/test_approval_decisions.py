@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+from tests.helpers import drive
 from wal_engine.engine import Engine
 from wal_engine.runtime.context import AgentContext
-from wal_engine.testing.processes import wait_until
-
-FAST: dict[str, Any] = {"lease_ttl_ms": 600, "heartbeat_ms": 150, "poll_ms": 50, "sweep_ms": 100}
-
-
-async def drive(engine: Engine, task_id: str, status: str | None = None) -> Any:
-    """Run an in-process worker until the task is terminal (or reaches ``status``)."""
-    worker = engine.worker(concurrency=2, **FAST)
-    running = asyncio.create_task(worker.run())
-    try:
-        if status is None:
-            return await engine.wait(task_id, timeout_s=20)
-
-        async def reached() -> bool:
-            return str((await engine.head(task_id)).status) == status
-        return await wait_until(reached, f"task {task_id} to be {status}", 20)
-    finally:
-        worker.stop()
-        await running
 
 
 def register(engine: Engine, runs: list[str]) -> None:

@@ -3,7 +3,6 @@ resumed in a new process, a tool call approved or rejected by a human, and bad i
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -21,16 +20,16 @@ from agents.run_config import ToolExecutionConfig
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool import LocalShellTool
 
+from tests.helpers import drive
 from tests.integration import openai_agents_app as app
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput
 from wal_engine.integrations.openai_agents import DurableModel, DurableRunner
 from wal_engine.runtime.context import AgentContext
 from wal_engine.testing.crash import crash_at, expire_leases, run_worker_until_idle
-from wal_engine.testing.processes import WorkerPool, wait_until
+from wal_engine.testing.processes import WorkerPool
 
 REPO = Path(__file__).resolve().parents[2]
-FAST: dict[str, Any] = {"lease_ttl_ms": 600, "heartbeat_ms": 150, "poll_ms": 50, "sweep_ms": 100}
 ANSWER = {"output": "Done: refund of 30 issued for A17", "last_agent": "refunds"}
 
 
@@ -61,22 +60,6 @@ def calls(events: list[Any]) -> list[tuple[str, str]]:
             kind = "llm" if record.type == "llm_call_intended" else "tool"
             found.append((kind, payload["model"] if kind == "llm" else payload["tool"]))
     return found
-
-
-async def drive(engine: Engine, task_id: str, *, status: str | None = None) -> Any:
-    """Run an in-process worker until the task is terminal (or reaches ``status``)."""
-    worker = engine.worker(concurrency=2, **FAST)
-    running = asyncio.create_task(worker.run())
-    try:
-        if status is None:
-            return await engine.wait(task_id, timeout_s=20)
-
-        async def reached() -> bool:
-            return str((await engine.head(task_id)).status) == status
-        return await wait_until(reached, f"task {task_id} to be {status}", 20)
-    finally:
-        worker.stop()
-        await running
 
 
 async def test_agent_with_tools_and_handoff_runs_to_completion(engine: Engine,
