@@ -223,7 +223,9 @@ class LeaseKeeper:
                     # whole heartbeat after a slow reply would leave the next one less of
                     # the lease to arrive in.
                     pause_s = self.heartbeat_s - (time.monotonic() - started)
-                    if await self._sleep(max(0.0, pause_s)):
+                    # Clamped: a clock stepped back (a faked or jumping clock) must not
+                    # stretch the pause past one heartbeat.
+                    if await self._sleep(min(self.heartbeat_s, max(0.0, pause_s))):
                         return
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
                 self.log.warning("worker_connection_lost", role="heartbeat", error=repr(error))
