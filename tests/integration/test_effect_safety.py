@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from tests.helpers import escalations
+from wal_engine import events as ev
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput, ReconcileRefused
 from wal_engine.retries import DidNotAct, RetryPolicy
 from wal_engine.runtime.context import AgentContext, current_call
 from wal_engine.state_machine import Status
-from wal_engine.testing.crash import run_worker_until_idle
+from wal_engine.testing.crash import expire_leases, run_worker_until_idle
+from wal_engine.testing.processes import wait_until
 
 TIMINGS: dict[str, Any] = {"lease_ttl_ms": 1000, "heartbeat_ms": 250, "poll_ms": 20,
                            "sweep_ms": 50}
@@ -229,3 +231,116 @@ async def test_idempotent_tool_retries_a_timeout_under_the_same_key(engine: Engi
     await _settled(charge)
     assert len(charge.acted) == 3 and len(set(charge.acted)) == 1
     assert await escalations(engine, task_id) == []
+
+
+# ---------------------------------------------------------------------------------------
+# A sync call that waits for a thread: the worker's pool is bounded (``sync_threads``), and
+# a timed-out sync call keeps its thread, so every thread can be busy. A call queued behind
+# them is started only if it was not given up on meanwhile and its lease is still trusted.
+
+
+class PoolHog:
+    """A def tool holding the pool's one thread until released, then a def tool queued
+    behind everything queued meanwhile (when it runs, every earlier item has run)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.drained = threading.Event()
+
+    def register(self, engine: Engine) -> str:
+        def hog(_: Any) -> str:
+            self.started.set()
+            self.release.wait(30)
+            return "released"
+
+        def after(_: Any) -> str:
+            self.drained.set()
+            return "drained"
+
+        @engine.agent("pool-hog")
+        async def agent(ctx: AgentContext, task_input: Any) -> Any:
+            await ctx.tool("hog", hog, None)
+            return await ctx.tool("after", after, None)
+
+        return "pool-hog"
+
+
+def _queued_charge(engine: Engine, hog: PoolHog, acted: list[str], *,
+                   timeout_s: float | None) -> str:
+    def charge(args: Any) -> Any:
+        claim = current_call()
+        assert claim is not None
+        acted.append(claim.key)
+        return {"charged": args["amount"]}
+
+    @engine.agent("queued-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        # Agent code may block a thread of its own: this one only orders the test.
+        assert await asyncio.to_thread(hog.started.wait, 30)
+        return await ctx.tool("charge", charge, task_input, idempotent=False,
+                              timeout_s=timeout_s, retry=QUICK)
+
+    return "queued-charge"
+
+
+async def test_a_sync_call_that_never_got_a_thread_never_acts(engine: Engine) -> None:
+    """One pool thread held by another task's tool; a non-idempotent def charge with
+    timeout_s=0.1 queued behind it: each attempt is given up before it starts, recorded as
+    DidNotAct (retried, then the call fails; nothing is in doubt), and none of them acts
+    once the thread is free. Before, the first attempt was escalated as timed_out and the
+    queued charge acted about 3 s later, after the grace period a human's reconcile waits
+    for (a reconcile by hand then made two charges)."""
+    hog, acted = PoolHog(), []
+    hog_id = await engine.submit(hog.register(engine), None)
+    charge_id = await engine.submit(_queued_charge(engine, hog, acted, timeout_s=0.1),
+                                    {"amount": 5})
+    worker = engine.worker(concurrency=2, sync_threads=1, **TIMINGS)
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        async def charge_failed() -> bool:
+            return (await engine.head(charge_id)).status is Status.FAILED
+        await wait_until(charge_failed, "the queued charge to fail", 20)
+        hog.release.set()
+        await asyncio.wait_for(asyncio.shield(running), 30)
+    finally:
+        hog.release.set()
+        worker.stop()
+        await running
+    assert hog.drained.is_set() and (await engine.head(hog_id)).status is Status.COMPLETED
+    assert acted == []
+    assert await escalations(engine, charge_id) == []
+    failures = [record.decode() for record in await engine.history(charge_id)]
+    assert [event.error_type for event in failures if isinstance(event, ev.ToolCallFailed)
+            ] == ["DidNotAct"] * QUICK.max_attempts
+
+
+async def test_a_sync_call_queued_past_its_lease_does_not_start(engine: Engine) -> None:
+    """A non-idempotent def charge (no timeout) queued behind the pool's one busy thread
+    loses its lease while it waits: when the thread is free the charge does not start (its
+    lease is checked again in the thread), and the next owner escalates the call. Before,
+    it acted on a lease another worker had taken."""
+    hog, acted = PoolHog(), []
+    await engine.submit(hog.register(engine), None)
+    charge_id = await engine.submit(_queued_charge(engine, hog, acted, timeout_s=None),
+                                    {"amount": 6})
+    worker = engine.worker(concurrency=2, sync_threads=1, **TIMINGS)
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        async def intended() -> bool:
+            return any(isinstance(record.decode(), ev.ToolCallIntended)
+                       for record in await engine.history(charge_id))
+        await wait_until(intended, "the charge's intent", 20)
+        epoch = (await engine.head(charge_id)).lease_epoch
+        assert await expire_leases(engine, [charge_id]) == 1
+        await wait_until(lambda: not worker.lease_valid(charge_id, epoch),
+                         "the worker to distrust the charge's lease", 20)
+        hog.release.set()
+        await asyncio.wait_for(asyncio.shield(running), 30)
+    finally:
+        hog.release.set()
+        worker.stop()
+        await running
+    assert acted == []
+    assert (await engine.head(charge_id)).status is Status.FAILED
+    assert [e.reason for e in await escalations(engine, charge_id)] == ["interrupted"]
