@@ -344,3 +344,84 @@ async def test_a_sync_call_queued_past_its_lease_does_not_start(engine: Engine) 
     assert acted == []
     assert (await engine.head(charge_id)).status is Status.FAILED
     assert [e.reason for e in await escalations(engine, charge_id)] == ["interrupted"]
+
+
+# ---------------------------------------------------------------------------------------
+# A timed-out sync call's thread cannot be stopped: the call is looked up or escalated only
+# once that thread has ended, so neither a lookup nor a human's reconcile can come before a
+# late effect.
+
+SLOW_S = 1.5
+"""Longer than the grace period of TIMINGS (the lease TTL, 1 s, beats timeout_s=0.1)."""
+
+
+async def test_no_reconcile_before_a_timed_out_thread_has_acted(engine: Engine) -> None:
+    """A non-idempotent def charge that acts only after 1.5 s, timeout_s=0.1, on_uncertain
+    "wait": the first reconcile accepted without force comes after the charge acted, and
+    the charge acts once. Before, the escalation was recorded at the timeout, reconcile was
+    accepted after its 1 s grace, and the thread charged after that (an operator who
+    charged by hand on reconcile made two charges)."""
+    acted: list[float] = []
+
+    def charge(args: Any) -> Any:
+        time.sleep(SLOW_S)  # The callee is slow; then it charges.
+        acted.append(time.monotonic())
+        return {"charged": args["amount"]}
+
+    @engine.agent("slow-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", charge, task_input, idempotent=False, timeout_s=0.1,
+                              on_uncertain="wait")
+
+    task_id = await engine.submit("slow-charge", {"amount": 8})
+    worker = engine.worker(concurrency=2, **TIMINGS)
+    running = asyncio.create_task(worker.run())
+    try:
+        async def reconciled() -> bool:
+            escalated = await escalations(engine, task_id)
+            if not escalated:
+                return False
+            try:
+                await engine.reconcile(task_id, escalated[0].call_id, result={"charged": 8})
+            except ReconcileRefused:
+                return False
+            return True
+        await wait_until(reconciled, "a reconcile accepted without force", 20)
+        accepted_at = time.monotonic()
+        async def completed() -> bool:
+            return (await engine.head(task_id)).status is Status.COMPLETED
+        await wait_until(completed, "the reconciled task to complete", 20)
+    finally:
+        worker.stop()
+        await running
+    assert len(acted) == 1 and acted[0] < accepted_at
+    [escalation] = await escalations(engine, task_id)
+    assert escalation.reason == "timed_out"
+
+
+async def test_a_timed_out_def_tool_with_lookup_is_looked_up_after_its_thread(
+        engine: Engine) -> None:
+    """A def tool with ``lookup`` that timed out while its thread still ran: the lookup is
+    asked once the thread ended and finds what the tool did, so the call completes with no
+    human (before, it was always escalated, the lookup never asked)."""
+    done: dict[str, Any] = {}
+
+    def transfer(args: Any) -> Any:
+        time.sleep(0.5)
+        claim = current_call()
+        assert claim is not None
+        done[claim.key] = {"sent": args["amount"]}
+        return done[claim.key]
+
+    async def lookup(key: str) -> Any:
+        return done.get(key)
+
+    @engine.agent("looked-up-transfer")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("transfer", transfer, task_input, idempotent=False,
+                              timeout_s=0.1, lookup=lookup)
+
+    task_id = await engine.submit("looked-up-transfer", {"amount": 9})
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"sent": 9}
+    assert len(done) == 1 and await escalations(engine, task_id) == []
