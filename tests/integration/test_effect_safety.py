@@ -425,3 +425,35 @@ async def test_a_timed_out_def_tool_with_lookup_is_looked_up_after_its_thread(
     assert await _run(engine, task_id) is Status.COMPLETED
     assert (await engine.state(task_id)).output == {"sent": 9}
     assert len(done) == 1 and await escalations(engine, task_id) == []
+
+
+async def test_case3_hostile_results_are_recorded_once_through_a_worker(engine: Engine) -> None:
+    """Case 3 through the public API: a non-idempotent tool returning 128 KiB of "eyJ-" and
+    one returning 64 KiB of PEM headers (the inputs that held a worker's loop ~20 s and
+    4.5 s, lost its leases and re-ran the tool) each act once, their results are recorded
+    and the task completes with no lease broken. The time per KiB is the property test's
+    (tests/property/test_redaction_linear.py) and the benchmark's (benchmarks/redaction.py)."""
+    acted: list[str] = []
+    pages = {"jwt": "eyJ-" * (128 * 1024 // 4),
+             "pem": "-----BEGIN PRIVATE KEY-----" * (64 * 1024 // 27)}
+
+    async def fetch(args: Any) -> Any:
+        acted.append(args["page"])
+        return {"page": pages[args["page"]]}
+
+    @engine.agent("hostile-pages")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        sizes = []
+        for page in ("jwt", "pem"):
+            result = await ctx.tool("fetch", fetch, {"page": page}, idempotent=False)
+            sizes.append(len(result["page"]))
+        return sizes
+
+    task_id = await engine.submit("hostile-pages", None)
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert acted == ["jwt", "pem"]
+    # Recorded as redacted (the PEM headers partly are): the agent sees what was stored.
+    jwt_size, pem_size = (await engine.state(task_id)).output
+    assert jwt_size == len(pages["jwt"]) and 0 < pem_size <= len(pages["pem"])
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert "TaskOrphaned" not in types and await escalations(engine, task_id) == []
