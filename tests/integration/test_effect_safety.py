@@ -18,8 +18,8 @@ from tests.helpers import escalations
 from wal_engine import events as ev
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput, ReconcileRefused
-from wal_engine.retries import DidNotAct, RetryPolicy
-from wal_engine.runtime.context import AgentContext, current_call
+from wal_engine.retries import DidNotAct, LeaseExpired, RetryPolicy
+from wal_engine.runtime.context import AgentContext, LlmResponse, current_call, ensure_lease
 from wal_engine.state_machine import Status
 from wal_engine.testing.crash import expire_leases, run_worker_until_idle
 from wal_engine.testing.processes import wait_until
@@ -457,3 +457,90 @@ async def test_case3_hostile_results_are_recorded_once_through_a_worker(engine: 
     assert jwt_size == len(pages["jwt"]) and 0 < pem_size <= len(pages["pem"])
     types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
     assert "TaskOrphaned" not in types and await escalations(engine, task_id) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Ordinary agent code tried against the guarantee (an audit of issue 15): these held.
+
+
+async def _two_workers_until(engine: Engine, condition: Callable[[], Any], what: str,
+                             workers: list[Any] | None = None) -> None:
+    pair = workers or [engine.worker(concurrency=2, **TIMINGS) for _ in range(2)]
+    running = [asyncio.create_task(worker.run()) for worker in pair]
+    try:
+        await wait_until(condition, what, 30)
+    finally:
+        for worker in pair:
+            worker.stop()
+        await asyncio.gather(*running)
+
+
+async def test_a_blocking_def_llm_function_is_called_once(engine: Engine) -> None:
+    """A plain def LLM function blocking 3 s (three lease TTLs, no timeout), two workers in
+    one process: it runs on the pool, so neither loop stalls, no lease is broken, and the
+    model is called once."""
+    calls: list[str] = []
+
+    def model(request: Any) -> Any:
+        claim = current_call()
+        assert claim is not None
+        calls.append(claim.key)
+        time.sleep(3)  # A slow HTTP client call, as requests would make it.
+        return LlmResponse(content="plan", input_tokens=3, output_tokens=2)
+
+    @engine.agent("blocking-llm")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.llm("model", model, {"prompt": "plan"})
+
+    task_id = await engine.submit("blocking-llm", None)
+
+    async def completed() -> bool:
+        return (await engine.head(task_id)).status is Status.COMPLETED
+    await _two_workers_until(engine, completed, "the task to complete")
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert len(calls) == 1 and "TaskOrphaned" not in types
+
+
+async def test_cancel_while_a_def_tool_runs_in_its_thread(engine: Engine) -> None:
+    """engine.cancel while a non-idempotent def tool waits in its thread: the task is
+    FAILED at once, the worker is fenced, and the tool's ensure_lease() right before its
+    effect refuses (LeaseExpired): nothing acts, and no worker runs the call again."""
+    started, release = threading.Event(), threading.Event()
+    acted: list[str] = []
+    refused: list[str] = []
+
+    def charge(args: Any) -> Any:
+        started.set()
+        release.wait(30)
+        try:
+            ensure_lease()
+        except LeaseExpired as error:
+            refused.append(type(error).__name__)
+            raise
+        acted.append("charged")
+        return {"charged": args["amount"]}
+
+    @engine.agent("cancelled-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", charge, task_input, idempotent=False)
+
+    task_id = await engine.submit("cancelled-charge", {"amount": 3})
+    workers = [engine.worker(concurrency=2, **TIMINGS) for _ in range(2)]
+
+    async def cancelled_and_fenced() -> bool:
+        if not started.is_set():
+            return False
+        await engine.cancel(task_id)
+        if any(worker.lease_valid(task_id, 1) for worker in workers):
+            return False
+        release.set()
+        return True
+    try:
+        await _two_workers_until(engine, cancelled_and_fenced, "the cancel to fence the run",
+                                 workers)
+    finally:
+        release.set()
+    assert acted == [] and refused == ["LeaseExpired"]
+    assert (await engine.head(task_id)).status is Status.FAILED
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert types.count("ToolCallIntended") == 1
