@@ -273,10 +273,11 @@ class Engine:
 
         Refused (:class:`~wal_engine.errors.ReconcileRefused`) unless the call is escalated
         and its task waits for the answer, and, without ``force``, before the call's
-        ``not_before_ms``: until then the worker that made the attempt (its thread still
-        running, or a stopped process continued) may still act, and a human doing the
-        effect by hand would make it twice. Pass ``force=True`` once you know that worker
-        is gone (you stopped its process or its host).
+        ``not_before_ms``: until then the worker that made the attempt (a stopped process
+        continued) may still act, and a human doing the effect by hand would make it twice
+        (a timed-out sync call is escalated only once its thread has ended). Pass
+        ``force=True`` once you know that worker is gone (you stopped its process or its
+        host).
         """
         await self._reconcilable(task_id, call_id, force)
         payload = {"error": error} if error is not None else {"result": result}

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from tests.helpers import escalations
+from wal_engine import events as ev
 from wal_engine.engine import Engine
 from wal_engine.errors import InvalidInput, ReconcileRefused
-from wal_engine.retries import DidNotAct, RetryPolicy
-from wal_engine.runtime.context import AgentContext, current_call
+from wal_engine.retries import DidNotAct, LeaseExpired, RetryPolicy
+from wal_engine.runtime.context import AgentContext, LlmResponse, current_call, ensure_lease
 from wal_engine.state_machine import Status
-from wal_engine.testing.crash import run_worker_until_idle
+from wal_engine.testing.crash import expire_leases, run_worker_until_idle
+from wal_engine.testing.processes import wait_until
 
 TIMINGS: dict[str, Any] = {"lease_ttl_ms": 1000, "heartbeat_ms": 250, "poll_ms": 20,
                            "sweep_ms": 50}
@@ -229,3 +231,316 @@ async def test_idempotent_tool_retries_a_timeout_under_the_same_key(engine: Engi
     await _settled(charge)
     assert len(charge.acted) == 3 and len(set(charge.acted)) == 1
     assert await escalations(engine, task_id) == []
+
+
+# ---------------------------------------------------------------------------------------
+# A sync call that waits for a thread: the worker's pool is bounded (``sync_threads``), and
+# a timed-out sync call keeps its thread, so every thread can be busy. A call queued behind
+# them is started only if it was not given up on meanwhile and its lease is still trusted.
+
+
+class PoolHog:
+    """A def tool holding the pool's one thread until released, then a def tool queued
+    behind everything queued meanwhile (when it runs, every earlier item has run)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.drained = threading.Event()
+
+    def register(self, engine: Engine) -> str:
+        def hog(_: Any) -> str:
+            self.started.set()
+            self.release.wait(30)
+            return "released"
+
+        def after(_: Any) -> str:
+            self.drained.set()
+            return "drained"
+
+        @engine.agent("pool-hog")
+        async def agent(ctx: AgentContext, task_input: Any) -> Any:
+            await ctx.tool("hog", hog, None)
+            return await ctx.tool("after", after, None)
+
+        return "pool-hog"
+
+
+def _queued_charge(engine: Engine, hog: PoolHog, acted: list[str], *,
+                   timeout_s: float | None) -> str:
+    def charge(args: Any) -> Any:
+        claim = current_call()
+        assert claim is not None
+        acted.append(claim.key)
+        return {"charged": args["amount"]}
+
+    @engine.agent("queued-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        # Agent code may block a thread of its own: this one only orders the test.
+        assert await asyncio.to_thread(hog.started.wait, 30)
+        return await ctx.tool("charge", charge, task_input, idempotent=False,
+                              timeout_s=timeout_s, retry=QUICK)
+
+    return "queued-charge"
+
+
+async def test_a_sync_call_that_never_got_a_thread_never_acts(engine: Engine) -> None:
+    """One pool thread held by another task's tool; a non-idempotent def charge with
+    timeout_s=0.1 queued behind it: each attempt is given up before it starts, recorded as
+    DidNotAct (retried, then the call fails; nothing is in doubt), and none of them acts
+    once the thread is free. Before, the first attempt was escalated as timed_out and the
+    queued charge acted about 3 s later, after the grace period a human's reconcile waits
+    for (a reconcile by hand then made two charges)."""
+    hog, acted = PoolHog(), []
+    hog_id = await engine.submit(hog.register(engine), None)
+    charge_id = await engine.submit(_queued_charge(engine, hog, acted, timeout_s=0.1),
+                                    {"amount": 5})
+    worker = engine.worker(concurrency=2, sync_threads=1, **TIMINGS)
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        async def charge_failed() -> bool:
+            return (await engine.head(charge_id)).status is Status.FAILED
+        await wait_until(charge_failed, "the queued charge to fail", 20)
+        hog.release.set()
+        await asyncio.wait_for(asyncio.shield(running), 30)
+    finally:
+        hog.release.set()
+        worker.stop()
+        await running
+    assert hog.drained.is_set() and (await engine.head(hog_id)).status is Status.COMPLETED
+    assert acted == []
+    assert await escalations(engine, charge_id) == []
+    failures = [record.decode() for record in await engine.history(charge_id)]
+    assert [event.error_type for event in failures if isinstance(event, ev.ToolCallFailed)
+            ] == ["DidNotAct"] * QUICK.max_attempts
+
+
+async def test_a_sync_call_queued_past_its_lease_does_not_start(engine: Engine) -> None:
+    """A non-idempotent def charge (no timeout) queued behind the pool's one busy thread
+    loses its lease while it waits: when the thread is free the charge does not start (its
+    lease is checked again in the thread), and the next owner escalates the call. Before,
+    it acted on a lease another worker had taken."""
+    hog, acted = PoolHog(), []
+    await engine.submit(hog.register(engine), None)
+    charge_id = await engine.submit(_queued_charge(engine, hog, acted, timeout_s=None),
+                                    {"amount": 6})
+    worker = engine.worker(concurrency=2, sync_threads=1, **TIMINGS)
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        async def intended() -> bool:
+            return any(isinstance(record.decode(), ev.ToolCallIntended)
+                       for record in await engine.history(charge_id))
+        await wait_until(intended, "the charge's intent", 20)
+        epoch = (await engine.head(charge_id)).lease_epoch
+        assert await expire_leases(engine, [charge_id]) == 1
+        await wait_until(lambda: not worker.lease_valid(charge_id, epoch),
+                         "the worker to distrust the charge's lease", 20)
+        hog.release.set()
+        await asyncio.wait_for(asyncio.shield(running), 30)
+    finally:
+        hog.release.set()
+        worker.stop()
+        await running
+    assert acted == []
+    assert (await engine.head(charge_id)).status is Status.FAILED
+    assert [e.reason for e in await escalations(engine, charge_id)] == ["interrupted"]
+
+
+# ---------------------------------------------------------------------------------------
+# A timed-out sync call's thread cannot be stopped: the call is looked up or escalated only
+# once that thread has ended, so neither a lookup nor a human's reconcile can come before a
+# late effect.
+
+SLOW_S = 1.5
+"""Longer than the grace period of TIMINGS (the lease TTL, 1 s, beats timeout_s=0.1)."""
+
+
+async def test_no_reconcile_before_a_timed_out_thread_has_acted(engine: Engine) -> None:
+    """A non-idempotent def charge that acts only after 1.5 s, timeout_s=0.1, on_uncertain
+    "wait": the first reconcile accepted without force comes after the charge acted, and
+    the charge acts once. Before, the escalation was recorded at the timeout, reconcile was
+    accepted after its 1 s grace, and the thread charged after that (an operator who
+    charged by hand on reconcile made two charges)."""
+    acted: list[float] = []
+
+    def charge(args: Any) -> Any:
+        time.sleep(SLOW_S)  # The callee is slow; then it charges.
+        acted.append(time.monotonic())
+        return {"charged": args["amount"]}
+
+    @engine.agent("slow-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", charge, task_input, idempotent=False, timeout_s=0.1,
+                              on_uncertain="wait")
+
+    task_id = await engine.submit("slow-charge", {"amount": 8})
+    worker = engine.worker(concurrency=2, **TIMINGS)
+    running = asyncio.create_task(worker.run())
+    try:
+        async def reconciled() -> bool:
+            escalated = await escalations(engine, task_id)
+            if not escalated:
+                return False
+            try:
+                await engine.reconcile(task_id, escalated[0].call_id, result={"charged": 8})
+            except ReconcileRefused:
+                return False
+            return True
+        await wait_until(reconciled, "a reconcile accepted without force", 20)
+        accepted_at = time.monotonic()
+        async def completed() -> bool:
+            return (await engine.head(task_id)).status is Status.COMPLETED
+        await wait_until(completed, "the reconciled task to complete", 20)
+    finally:
+        worker.stop()
+        await running
+    assert len(acted) == 1 and acted[0] < accepted_at
+    [escalation] = await escalations(engine, task_id)
+    assert escalation.reason == "timed_out"
+
+
+async def test_a_timed_out_def_tool_with_lookup_is_looked_up_after_its_thread(
+        engine: Engine) -> None:
+    """A def tool with ``lookup`` that timed out while its thread still ran: the lookup is
+    asked once the thread ended and finds what the tool did, so the call completes with no
+    human (before, it was always escalated, the lookup never asked)."""
+    done: dict[str, Any] = {}
+
+    def transfer(args: Any) -> Any:
+        time.sleep(0.5)
+        claim = current_call()
+        assert claim is not None
+        done[claim.key] = {"sent": args["amount"]}
+        return done[claim.key]
+
+    async def lookup(key: str) -> Any:
+        return done.get(key)
+
+    @engine.agent("looked-up-transfer")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("transfer", transfer, task_input, idempotent=False,
+                              timeout_s=0.1, lookup=lookup)
+
+    task_id = await engine.submit("looked-up-transfer", {"amount": 9})
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"sent": 9}
+    assert len(done) == 1 and await escalations(engine, task_id) == []
+
+
+async def test_case3_hostile_results_are_recorded_once_through_a_worker(engine: Engine) -> None:
+    """Case 3 through the public API: a non-idempotent tool returning 128 KiB of "eyJ-" and
+    one returning 64 KiB of PEM headers (the inputs that held a worker's loop ~20 s and
+    4.5 s, lost its leases and re-ran the tool) each act once, their results are recorded
+    and the task completes with no lease broken. The time per KiB is the property test's
+    (tests/property/test_redaction_linear.py) and the benchmark's (benchmarks/redaction.py)."""
+    acted: list[str] = []
+    pages = {"jwt": "eyJ-" * (128 * 1024 // 4),
+             "pem": "-----BEGIN PRIVATE KEY-----" * (64 * 1024 // 27)}
+
+    async def fetch(args: Any) -> Any:
+        acted.append(args["page"])
+        return {"page": pages[args["page"]]}
+
+    @engine.agent("hostile-pages")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        sizes = []
+        for page in ("jwt", "pem"):
+            result = await ctx.tool("fetch", fetch, {"page": page}, idempotent=False)
+            sizes.append(len(result["page"]))
+        return sizes
+
+    task_id = await engine.submit("hostile-pages", None)
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert acted == ["jwt", "pem"]
+    # Recorded as redacted (the PEM headers partly are): the agent sees what was stored.
+    jwt_size, pem_size = (await engine.state(task_id)).output
+    assert jwt_size == len(pages["jwt"]) and 0 < pem_size <= len(pages["pem"])
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert "TaskOrphaned" not in types and await escalations(engine, task_id) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Ordinary agent code tried against the guarantee (an audit of issue 15): these held.
+
+
+async def _two_workers_until(engine: Engine, condition: Callable[[], Any], what: str,
+                             workers: list[Any] | None = None) -> None:
+    pair = workers or [engine.worker(concurrency=2, **TIMINGS) for _ in range(2)]
+    running = [asyncio.create_task(worker.run()) for worker in pair]
+    try:
+        await wait_until(condition, what, 30)
+    finally:
+        for worker in pair:
+            worker.stop()
+        await asyncio.gather(*running)
+
+
+async def test_a_blocking_def_llm_function_is_called_once(engine: Engine) -> None:
+    """A plain def LLM function blocking 3 s (three lease TTLs, no timeout), two workers in
+    one process: it runs on the pool, so neither loop stalls, no lease is broken, and the
+    model is called once."""
+    calls: list[str] = []
+
+    def model(request: Any) -> Any:
+        claim = current_call()
+        assert claim is not None
+        calls.append(claim.key)
+        time.sleep(3)  # A slow HTTP client call, as requests would make it.
+        return LlmResponse(content="plan", input_tokens=3, output_tokens=2)
+
+    @engine.agent("blocking-llm")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.llm("model", model, {"prompt": "plan"})
+
+    task_id = await engine.submit("blocking-llm", None)
+
+    async def completed() -> bool:
+        return (await engine.head(task_id)).status is Status.COMPLETED
+    await _two_workers_until(engine, completed, "the task to complete")
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert len(calls) == 1 and "TaskOrphaned" not in types
+
+
+async def test_cancel_while_a_def_tool_runs_in_its_thread(engine: Engine) -> None:
+    """engine.cancel while a non-idempotent def tool waits in its thread: the task is
+    FAILED at once, the worker is fenced, and the tool's ensure_lease() right before its
+    effect refuses (LeaseExpired): nothing acts, and no worker runs the call again."""
+    started, release = threading.Event(), threading.Event()
+    acted: list[str] = []
+    refused: list[str] = []
+
+    def charge(args: Any) -> Any:
+        started.set()
+        release.wait(30)
+        try:
+            ensure_lease()
+        except LeaseExpired as error:
+            refused.append(type(error).__name__)
+            raise
+        acted.append("charged")
+        return {"charged": args["amount"]}
+
+    @engine.agent("cancelled-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", charge, task_input, idempotent=False)
+
+    task_id = await engine.submit("cancelled-charge", {"amount": 3})
+    workers = [engine.worker(concurrency=2, **TIMINGS) for _ in range(2)]
+
+    async def cancelled_and_fenced() -> bool:
+        if not started.is_set():
+            return False
+        await engine.cancel(task_id)
+        if any(worker.lease_valid(task_id, 1) for worker in workers):
+            return False
+        release.set()
+        return True
+    try:
+        await _two_workers_until(engine, cancelled_and_fenced, "the cancel to fence the run",
+                                 workers)
+    finally:
+        release.set()
+    assert acted == [] and refused == ["LeaseExpired"]
+    assert (await engine.head(task_id)).status is Status.FAILED
+    types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
+    assert types.count("ToolCallIntended") == 1

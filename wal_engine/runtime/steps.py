@@ -14,6 +14,7 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -22,9 +23,15 @@ import msgspec
 from replay.journal import Recorded
 from wal_engine import events as ev
 from wal_engine import failpoints
-from wal_engine.errors import CallTimedOut, ResultTypeError, ToolError
+from wal_engine.errors import (
+    CallTimedOut,
+    DidNotAct,
+    LeaseExpired,
+    ResultTypeError,
+    ToolError,
+)
 from wal_engine.payloads import decode_payload
-from wal_engine.runtime.control import Fenced, Suspended
+from wal_engine.runtime.control import Fenced, Suspended, lease_check
 from wal_engine.store import queries
 
 if TYPE_CHECKING:
@@ -126,8 +133,14 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
     on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
     the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
 
+    A sync call waits for a free thread within its ``timeout_s``; one that never got a
+    thread is dropped before it starts, and one whose lease can no longer be trusted when
+    its thread is free does not start either.
+
     Raises:
-        CallTimedOut: past ``timeout_s``.
+        CallTimedOut: past ``timeout_s`` (a sync call's thread may still be running it).
+        DidNotAct: a sync call found no free thread within ``timeout_s``: it never started.
+        LeaseExpired: the lease could not be trusted when the sync call's thread was free.
     """
     failpoints.hit("during_effect")
     if executor is None or _is_async(function):
@@ -141,9 +154,10 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
         except TimeoutError as error:
             raise CallTimedOut(timeout_s, None) from error
     loop = asyncio.get_running_loop()
+    gate = _StartGate()
     try:
-        thread = loop.run_in_executor(executor, contextvars.copy_context().run, function,
-                                      argument)
+        thread = loop.run_in_executor(executor, contextvars.copy_context().run, _gated,
+                                      gate, function, argument)
     except RuntimeError as error:
         # The pool is shut down: the worker is going away and this attempt never started.
         # It unwinds the run like the cancellation it is, never as the tool's failure.
@@ -151,10 +165,56 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
     try:
         result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
     except TimeoutError as error:
+        if gate.abandon():
+            # Every thread of the pool was busy (timed-out sync calls keep theirs): the
+            # attempt is dropped before it starts, never to act after it was given up on.
+            raise DidNotAct(f"no thread of the worker's pool was free within {timeout_s} s: "
+                            "the call did not start") from error
         raise CallTimedOut(timeout_s or 0.0, _thread_future(thread)) from error
+    except asyncio.CancelledError:
+        gate.abandon()  # The run is going away: a call still queued never starts.
+        raise
     if inspect.isawaitable(result):  # A sync function that returned a coroutine.
         return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
     return result
+
+
+class _StartGate:
+    """Whether a sync attempt queued on the pool starts, or was given up on before it did:
+    decided once, under a lock, by whichever comes first (the thread starting it, or the
+    loop timing it out or being cancelled)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: str | None = None
+
+    def start(self) -> bool:
+        """In the thread: True if the attempt may start (it was not given up on)."""
+        with self._lock:
+            self._state = self._state or "started"
+            return self._state == "started"
+
+    def abandon(self) -> bool:
+        """On the loop: True if the attempt had not started (now it never will)."""
+        with self._lock:
+            self._state = self._state or "abandoned"
+            return self._state == "abandoned"
+
+
+_abandoned: Final = object()
+
+
+def _gated(gate: _StartGate, function: Callable[[Any], Any], argument: Any) -> Any:
+    """Run in a pool thread (in the caller's context copy): start ``function`` only if the
+    attempt was not given up on while queued and the lease can still be trusted, which the
+    loop checked when it queued the call, possibly long before a thread was free."""
+    if not gate.start():
+        return _abandoned
+    check = lease_check.get()
+    if check is not None and not check():
+        raise LeaseExpired("the lease could not be trusted when a thread was free for the "
+                           "call: it did not start")
+    return function(argument)
 
 
 def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any]:

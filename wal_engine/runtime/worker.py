@@ -81,7 +81,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
         drain_timeout_s: How long a graceful stop waits for runs to reach a durable point.
         sync_threads: Threads that run plain ``def`` tools and LLM functions (0: the
             concurrency plus 4). A sync call that timed out keeps its thread until it
-            returns, so the pool bounds how many of them can pile up.
+            returns, so the pool bounds how many of them can pile up; a call that finds
+            no free thread within its ``timeout_s`` never starts (``DidNotAct``).
         stall_warn_ms: An event loop that does not answer the watchdog for this long is
             logged as stalled, with the code it is stuck in.
         stall_abandon_ms: An event loop stalled this long is presumed wedged: the worker
