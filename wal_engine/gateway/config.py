@@ -26,6 +26,7 @@ Every field but ``store`` and ``routes`` has a default; a bad file is a
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Final, Literal
@@ -36,6 +37,10 @@ from wal_engine.errors import ConfigurationError
 
 RESERVED_PREFIX: Final = "/_gateway"
 """Where the gateway's own endpoints live (health, metrics); no route may use it."""
+ROUTE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A route name is part of every store key (``http:NAME:SCOPE:KEY``) and a metrics label:
+no ``:`` (two routes' keys could then collide) and short enough that the longest accepted
+Idempotency-Key still fits the store's key limit."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -79,6 +84,10 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     scope_header: str | None = None
     """A header (for example Authorization) whose value scopes keys: two clients' equal
     keys are then different keys."""
+    release_statuses: list[int] = msgspec.field(default_factory=lambda: [429, 503])
+    """Upstream answers that say the request was not acted on: passed to the client but not
+    stored, and the key released, so a retry under the same key is forwarded again (what
+    ``http_tool`` does on 429 and 503). Empty: every answer is stored."""
 
     @property
     def lease_ms(self) -> int:
@@ -152,6 +161,8 @@ def _route_problems(routes: list[Route]) -> list[str]:
     names: set[str] = set()
     for route in routes:
         where = f"route {route.name!r}"
+        if not ROUTE_NAME.fullmatch(route.name):
+            problems.append(f"{where}: name must be 1 to 64 letters, digits, '_', '.' or '-'")
         if route.name in names:
             problems.append(f"{where} is defined twice")
         names.add(route.name)
@@ -165,4 +176,6 @@ def _route_problems(routes: list[Route]) -> list[str]:
             problems.append(f"{where}: lease_s must exceed timeout_s")
         if any(method.upper() != method for method in route.methods):
             problems.append(f"{where}: methods must be upper case")
+        if any(not 400 <= status <= 599 for status in route.release_statuses):
+            problems.append(f"{where}: release_statuses must be 4xx or 5xx statuses")
     return problems
