@@ -60,6 +60,13 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     kind: Literal["redis", "postgres"]
     url: str | None = None
+    sentinels: list[str] = msgspec.field(default_factory=list)
+    """Redis only, instead of ``url``: Sentinels (``"HOST:PORT"``) that name the primary of
+    ``service_name``; after a failover the gateway finds the new primary by itself."""
+    service_name: str | None = None
+    replicas_min: int = 0
+    """Redis only: replicas that must hold each claim and response before it counts (Redis
+    ``WAIT``), so a failover to such a replica loses none (see docs/gateway.md)."""
     tenant: str | None = None
     development: bool = False
     """PostgreSQL only: let a superuser through the security self-test (tests, laptops)."""
@@ -149,11 +156,36 @@ def _settings_problems(config: GatewayConfig) -> list[str]:
         problems.append("gateway.key_chars_max must be between 1 and 400")
     if settings.request_bytes_max < 1 or settings.response_bytes_max < 1:
         problems.append("gateway.request_bytes_max and response_bytes_max must be >= 1")
-    if config.store.kind == "redis" and not config.store.url:
-        problems.append("store.url is required for a redis store")
+    problems += _store_problems(config.store)
     if not config.routes:
         problems.append("at least one [[routes]] entry is required")
     return problems
+
+
+def _store_problems(store: StoreSettings) -> list[str]:
+    if store.kind == "postgres":
+        if store.sentinels or store.service_name or store.replicas_min:
+            return ["store.sentinels, service_name and replicas_min are for a redis store"]
+        return []
+    problems: list[str] = []
+    if bool(store.url) == bool(store.sentinels):
+        problems.append("store.url is required for a redis store (or store.sentinels "
+                        "instead, not both)")
+    if bool(store.sentinels) != bool(store.service_name):
+        problems.append("store.sentinels and store.service_name go together")
+    for address in store.sentinels:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            problems.append(f"store.sentinels: {address!r} is not HOST:PORT")
+    if store.replicas_min < 0:
+        problems.append("store.replicas_min must be >= 0")
+    return problems
+
+
+def sentinel_addresses(store: StoreSettings) -> list[tuple[str, int]]:
+    """``store.sentinels`` as (host, port) pairs."""
+    pairs = [address.rpartition(":") for address in store.sentinels]
+    return [(host.strip("[]"), int(port)) for host, _, port in pairs]
 
 
 def _route_problems(routes: list[Route]) -> list[str]:
