@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.gateway_support import GatewayProcess, Upstream, route
 from tests.integration.gateway_store_suite import claim
 from tests.redis_support import fresh_tenant, require_redis
 from wal_engine.effects.gateway import Acquired, GatewayStoreUnavailable
@@ -81,3 +85,54 @@ async def test_failover_keeps_replica_acknowledged_outcomes(group: SentinelGroup
     finally:
         await store.close()
         await relaxed.close()
+
+
+async def test_an_unconfirmed_new_claim_is_given_back(group: SentinelGroup) -> None:
+    """With no replica to confirm it, a claim on a free key is refused and the key is
+    freed again (it would otherwise look in doubt once its lease ends)."""
+    store, relaxed = _stores(group)
+    try:
+        group.replica.kill()
+        with pytest.raises(GatewayStoreUnavailable, match="replicas acknowledged"):
+            await store.claim_key(claim("a", key="lonely"), 60_000)
+        assert await relaxed.read_key("lonely") is None
+    finally:
+        await store.close()
+        await relaxed.close()
+
+
+async def test_gateway_on_sentinel_replays_every_response_after_failover(
+        group: SentinelGroup, tmp_path: Path) -> None:
+    """``wal-engine gateway`` on Sentinels (replicas_min = 1): 10 responses stored, the
+    primary SIGKILLed; once the replica is promoted every repeat is replayed from it, and
+    the upstream counts one mutation per key."""
+    upstream = Upstream(tmp_path)
+    gateway = GatewayProcess(
+        {"kind": "redis", "sentinels": [f"{host}:{port}" for host, port in group.sentinels],
+         "service_name": SENTINEL_MASTER, "replicas_min": 1,
+         "tenant": fresh_tenant("gwsentinel")},
+        [route("pay", upstream, missing_key="refuse")], tmp_path).start()
+    keys = [str(uuid.uuid4()) for _ in range(10)]
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            first = {}
+            for key in keys:
+                answer = await http.post("/pay/c", content=key.encode(),
+                                         headers={"idempotency-key": f'"{key}"'})
+                assert answer.status_code == 201, answer.text
+                first[key] = answer.json()
+            group.primary.kill()
+            deadline = time.monotonic() + failover_timeout_s
+            for key in keys:
+                while True:
+                    replay = await http.post("/pay/c", content=key.encode(),
+                                             headers={"idempotency-key": f'"{key}"'})
+                    if replay.status_code != 503 or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.1)  # Polls the failover, bounded by the deadline.
+                assert replay.headers.get("idempotent-replayed") == "true", replay.text
+                assert replay.json() == first[key]
+        assert {upstream.count(f'"{key}"') for key in keys} == {1}
+    finally:
+        gateway.close()
+        upstream.close()

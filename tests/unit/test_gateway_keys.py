@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from wal_engine.effects.gateway import check_key
 from wal_engine.errors import ConfigurationError
-from wal_engine.gateway.config import parse_config
+from wal_engine.gateway.app import key_in_store
+from wal_engine.gateway.config import parse_config, sentinel_addresses
 from wal_engine.gateway.keys import MalformedKey, fingerprint, format_key, parse_key
 
 
@@ -71,6 +73,15 @@ def test_a_minimal_config_gets_the_defaults() -> None:
     parsed = parse_config(config())
     assert parsed.host_port == ("127.0.0.1", 8080)
     assert parsed.routes[0].lease_ms == 35_000 and parsed.routes[0].missing_key == "pass"
+    assert parsed.routes[0].release_statuses == [429, 503]
+
+
+def test_the_longest_key_of_the_longest_route_name_fits_the_store() -> None:
+    """A route name of 64 characters, a scope digest and a 400-character key make a store
+    key the stores accept (a longer name made every long key a 500)."""
+    parsed = parse_config({**config(name="n" * 64), "gateway": {"key_chars_max": 400}})
+    key = "k" * parsed.gateway.key_chars_max
+    assert check_key(key_in_store(parsed.routes[0].name, "token", key)).endswith(key)
 
 
 @pytest.mark.parametrize(("route", "message"), [
@@ -80,11 +91,36 @@ def test_a_minimal_config_gets_the_defaults() -> None:
     ({"missing_key": "maybe"}, "missing_key"),
     ({"unknown": 1}, "unknown"),
     ({"methods": ["post"]}, "upper case"),
+    ({"name": "a:b"}, "name must be"),
+    ({"name": "n" * 65}, "name must be"),
+    ({"release_statuses": [200]}, "release_statuses"),
 ])
 def test_bad_configs_name_the_field(route: dict[str, Any], message: str) -> None:
     """A bad route is a ConfigurationError naming what is wrong."""
     with pytest.raises(ConfigurationError, match=message):
         parse_config(config(**route))
+
+
+@pytest.mark.parametrize(("store", "message"), [
+    ({"kind": "redis", "url": "redis://h:1/0", "sentinels": ["h:2"], "service_name": "m"},
+     "not both"),
+    ({"kind": "redis", "sentinels": ["h:2"]}, "go together"),
+    ({"kind": "redis", "sentinels": ["nohost"], "service_name": "m"}, "HOST:PORT"),
+    ({"kind": "redis", "url": "redis://h:1/0", "replicas_min": -1}, "replicas_min"),
+    ({"kind": "postgres", "replicas_min": 1}, "for a redis store"),
+])
+def test_bad_store_tables_name_the_field(store: dict[str, Any], message: str) -> None:
+    """A Redis store is a URL or Sentinels with a service name, never both."""
+    with pytest.raises(ConfigurationError, match=message):
+        parse_config({**config(), "store": store})
+
+
+def test_a_sentinel_store_parses() -> None:
+    """Sentinels, a service name and replicas_min make a Redis store without a URL."""
+    parsed = parse_config({**config(), "store": {
+        "kind": "redis", "sentinels": ["127.0.0.1:26379", "[::1]:26380"],
+        "service_name": "primary", "replicas_min": 1}})
+    assert sentinel_addresses(parsed.store) == [("127.0.0.1", 26379), ("::1", 26380)]
 
 
 def test_a_redis_store_needs_a_url_and_routes_are_required() -> None:

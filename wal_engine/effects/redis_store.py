@@ -26,6 +26,7 @@ retried into a "held" answer for its own claim. A lost connection is
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Final
 
 from wal_engine.effects.gateway import (
@@ -156,11 +157,12 @@ class RedisGatewayStore:
 
     @classmethod
     def from_url(cls, url: str, *, tenant: str | None = None,
-                 retention_ms: int = retention_ms_default) -> RedisGatewayStore:
+                 retention_ms: int = retention_ms_default,
+                 replicas_min: int = 0) -> RedisGatewayStore:
         """A store with its own client on ``url`` (``redis://host:port/db``)."""
         client = _client_from_url(url)
         return cls(client, tenant=tenant, retention_ms=retention_ms, where=redact_dsn(url),
-                   owns_client=True)
+                   owns_client=True, replicas_min=replicas_min)
 
     @classmethod
     def from_sentinel(cls, sentinels: list[tuple[str, int]], service_name: str, *,
@@ -191,7 +193,17 @@ class RedisGatewayStore:
                                   [claim.owner, str(claim.epoch), ttl_ms,
                                    claim.task_id or "", self.retention_ms])
         acquired = Acquired(answer.decode() if isinstance(answer, bytes) else answer)
-        if acquired is not Acquired.HELD:
+        if acquired is Acquired.NEW:
+            try:
+                await self._replicated("claim")
+            except GatewayStoreUnavailable:
+                # The caller will not act on an unconfirmed claim: give a key that was free
+                # back (best effort), or it would look in doubt once its lease ends. A
+                # taken-over claim stays: its dead holder may have acted.
+                with contextlib.suppress(GatewayStoreUnavailable):
+                    await self.release_key(claim)
+                raise
+        elif acquired is Acquired.TAKEN_OVER:
             await self._replicated("claim")
         return acquired
 

@@ -48,8 +48,12 @@ from wal_engine.observability.logs import get_logger
 HOP_HEADERS: Final = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
     "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-    "content-encoding",
 })
+"""Headers not forwarded in either direction (hop-by-hop, or set again by the sender)."""
+RESPONSE_DROPPED: Final = HOP_HEADERS | {"content-encoding", "date", "server"}
+"""httpx decodes the upstream's body, so its Content-Encoding no longer applies (a request's
+body is forwarded as it came, so its Content-Encoding is kept). Date and Server are the
+gateway's own (uvicorn adds them; the upstream's would be a second, stale line)."""
 REPLAYED_HEADER: Final = "idempotent-replayed"
 KEY_PREFIX: Final = "http:"
 """The gateway's keys in the store, apart from the engine's ``idem:`` keys of the tenant."""
@@ -124,7 +128,8 @@ class Incoming(msgspec.Struct, frozen=True, kw_only=True):
     route: Route
     method: str
     target: str
-    headers: list[tuple[str, str]]
+    headers: list[tuple[bytes, bytes]]
+    """As the client sent them (bytes: a value need not be ASCII)."""
     body: bytes
 
 
@@ -195,15 +200,15 @@ class Gateway:
         # become the upstream's query or fragment.
         target = (quote(request.url.path, safe=PATH_SAFE)
                   + (f"?{request.url.query}" if request.url.query else ""))
-        headers = [(name, value) for name, value in request.headers.items()
-                   if name not in HOP_HEADERS]
+        headers = [(name, value) for name, value in request.headers.raw
+                   if name.decode("latin-1") not in HOP_HEADERS]
         return Incoming(route=route, method=request.method, target=target, headers=headers,
                         body=bytes(body))
 
     async def _keyed(self, incoming: Incoming, key: str, request: Request) -> tuple[Response, str]:
         route = incoming.route
         scope = route.scope_header and request.headers.get(route.scope_header)
-        store_key = f"{KEY_PREFIX}{route.name}:{scope_digest(scope or None)}:{key}"
+        store_key = key_in_store(route.name, scope or None, key)
         print_ = fingerprint(incoming.method, incoming.target,
                              request.headers.get("content-type", ""), incoming.body)
         claim = Claim(key=store_key, owner=f"{self.gateway_id}:{uuid.uuid4().hex}:{print_}",
@@ -277,7 +282,7 @@ class Gateway:
             await self.store.release_key(claim)  # Never reached the upstream: may retry.
             raise Problem(502, "Bad Gateway", f"upstream unreachable: {error}",
                           "upstream_unreachable") from error
-        except httpx.HTTPError as error:
+        except (httpx.HTTPError, TimeoutError) as error:
             failure = StoredFailure(fingerprint=print_, status=504, title="Gateway Timeout",
                                     detail=f"upstream did not answer: {type(error).__name__}; "
                                            "it may have acted, so this key is not resent")
@@ -286,8 +291,13 @@ class Gateway:
             raise Problem(504, failure.title, failure.detail, "upstream_in_doubt") from error
         stored = StoredResponse(fingerprint=print_, status=upstream.status_code,
                                 headers=_response_headers(upstream), body=upstream.content)
-        await self._record(claim, stored)
-        return Response(stored.body, status_code=stored.status, headers=dict(stored.headers))
+        if stored.status in incoming.route.release_statuses:
+            # The upstream says it did not act (rate limited, unavailable): pass the answer
+            # on, keep nothing, and let a retry under the same key be forwarded.
+            await self._release(claim)
+        else:
+            await self._record(claim, stored)
+        return _response(stored)
 
     async def _record(self, claim: Claim, stored: StoredResponse) -> None:
         """Store the response. The upstream has acted, so this caller gets its answer even
@@ -307,6 +317,16 @@ class Gateway:
             log.warning("gateway_record_failed", key=claim.key, error=str(error))
             self.metrics.request(claim.key.split(":")[1], "record_failed")
 
+    async def _release(self, claim: Claim) -> None:
+        """Free the key after an answer that says the upstream did not act. The answer
+        still reaches the caller when the store fails now; the key then stays claimed and
+        is in doubt after its lease, never resent."""
+        try:
+            await self.store.release_key(claim)
+        except STORE_ERRORS as error:
+            log.warning("gateway_release_failed", key=claim.key, error=str(error))
+            self.metrics.request(claim.key.split(":")[1], "release_failed")
+
     async def _send(self, incoming: Incoming) -> httpx.Response:
         route = incoming.route
         target = incoming.target
@@ -314,25 +334,35 @@ class Gateway:
             target = target[len(route.prefix.rstrip("/")):] or "/"
         started = time.perf_counter()
         try:
-            return await self.client.request(
-                incoming.method, route.upstream.rstrip("/") + target,
-                headers=incoming.headers, content=incoming.body, timeout=route.timeout_s)
+            # httpx's timeout bounds each read and write, not the exchange: an upstream that
+            # trickles its answer would outlast the claim's lease, and a retry would then take
+            # a live claim over. The whole exchange gets timeout_s.
+            async with asyncio.timeout(route.timeout_s):
+                return await self.client.request(
+                    incoming.method, route.upstream.rstrip("/") + target,
+                    headers=incoming.headers, content=incoming.body, timeout=route.timeout_s)
         finally:
             self.metrics.upstream(route.name, time.perf_counter() - started)
 
     async def _pass(self, incoming: Incoming) -> Response:
         try:
             upstream = await self._send(incoming)
-        except httpx.HTTPError as error:
+        except (httpx.HTTPError, TimeoutError) as error:
             raise Problem(502, "Bad Gateway", f"upstream failed: {type(error).__name__}",
                           "upstream_error") from error
-        return Response(upstream.content, status_code=upstream.status_code,
-                        headers=dict(_response_headers(upstream)))
+        return _response(StoredResponse(fingerprint="", status=upstream.status_code,
+                                        headers=_response_headers(upstream),
+                                        body=upstream.content))
 
     async def drain(self) -> None:
         """Wait for forwarded requests still being recorded (at shutdown)."""
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=30.0)
+
+
+def key_in_store(route_name: str, scope: str | None, key: str) -> str:
+    """The store key of ``key`` on route ``route_name`` for the scope header's value."""
+    return f"{KEY_PREFIX}{route_name}:{scope_digest(scope)}:{key}"
 
 
 def parse_key_or_problem(request: Request, chars_max: int) -> str | None:
@@ -351,14 +381,25 @@ def _same_request(stored: str, current: str) -> None:
 
 def replay(stored: StoredResponse) -> Response:
     """The stored response, marked as a replay."""
-    headers = dict(stored.headers)
-    headers[REPLAYED_HEADER] = "true"
-    return Response(stored.body, status_code=stored.status, headers=headers)
+    return _response(stored, [(REPLAYED_HEADER, "true")])
+
+
+def _response(stored: StoredResponse, extra: list[tuple[str, str]] | None = None) -> Response:
+    """``stored`` as a response, every header line as the upstream sent it: a header sent
+    twice (Set-Cookie) stays two lines, never one joined with commas."""
+    response = Response(stored.body, status_code=stored.status)
+    response.raw_headers.extend(
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in [*stored.headers, *(extra or [])])
+    return response
 
 
 def _response_headers(response: httpx.Response) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in response.headers.items()
-            if name.lower() not in HOP_HEADERS]
+    """The upstream's header lines, byte for byte (latin-1 maps every byte to one
+    character), repeated ones kept apart, hop-by-hop ones left out."""
+    return [(name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in response.headers.raw
+            if name.decode("latin-1").lower() not in RESPONSE_DROPPED]
 
 
 def create_app(config: GatewayConfig,

@@ -26,6 +26,7 @@ Every field but ``store`` and ``routes`` has a default; a bad file is a
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Final, Literal
@@ -36,6 +37,10 @@ from wal_engine.errors import ConfigurationError
 
 RESERVED_PREFIX: Final = "/_gateway"
 """Where the gateway's own endpoints live (health, metrics); no route may use it."""
+ROUTE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A route name is part of every store key (``http:NAME:SCOPE:KEY``) and a metrics label:
+no ``:`` (two routes' keys could then collide) and short enough that the longest accepted
+Idempotency-Key still fits the store's key limit."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +60,13 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     kind: Literal["redis", "postgres"]
     url: str | None = None
+    sentinels: list[str] = msgspec.field(default_factory=list)
+    """Redis only, instead of ``url``: Sentinels (``"HOST:PORT"``) that name the primary of
+    ``service_name``; after a failover the gateway finds the new primary by itself."""
+    service_name: str | None = None
+    replicas_min: int = 0
+    """Redis only: replicas that must hold each claim and response before it counts (Redis
+    ``WAIT``), so a failover to such a replica loses none (see docs/gateway.md)."""
     tenant: str | None = None
     development: bool = False
     """PostgreSQL only: let a superuser through the security self-test (tests, laptops)."""
@@ -79,6 +91,10 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     scope_header: str | None = None
     """A header (for example Authorization) whose value scopes keys: two clients' equal
     keys are then different keys."""
+    release_statuses: list[int] = msgspec.field(default_factory=lambda: [429, 503])
+    """Upstream answers that say the request was not acted on: passed to the client but not
+    stored, and the key released, so a retry under the same key is forwarded again (what
+    ``http_tool`` does on 429 and 503). Empty: every answer is stored."""
 
     @property
     def lease_ms(self) -> int:
@@ -140,11 +156,36 @@ def _settings_problems(config: GatewayConfig) -> list[str]:
         problems.append("gateway.key_chars_max must be between 1 and 400")
     if settings.request_bytes_max < 1 or settings.response_bytes_max < 1:
         problems.append("gateway.request_bytes_max and response_bytes_max must be >= 1")
-    if config.store.kind == "redis" and not config.store.url:
-        problems.append("store.url is required for a redis store")
+    problems += _store_problems(config.store)
     if not config.routes:
         problems.append("at least one [[routes]] entry is required")
     return problems
+
+
+def _store_problems(store: StoreSettings) -> list[str]:
+    if store.kind == "postgres":
+        if store.sentinels or store.service_name or store.replicas_min:
+            return ["store.sentinels, service_name and replicas_min are for a redis store"]
+        return []
+    problems: list[str] = []
+    if bool(store.url) == bool(store.sentinels):
+        problems.append("store.url is required for a redis store (or store.sentinels "
+                        "instead, not both)")
+    if bool(store.sentinels) != bool(store.service_name):
+        problems.append("store.sentinels and store.service_name go together")
+    for address in store.sentinels:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            problems.append(f"store.sentinels: {address!r} is not HOST:PORT")
+    if store.replicas_min < 0:
+        problems.append("store.replicas_min must be >= 0")
+    return problems
+
+
+def sentinel_addresses(store: StoreSettings) -> list[tuple[str, int]]:
+    """``store.sentinels`` as (host, port) pairs."""
+    pairs = [address.rpartition(":") for address in store.sentinels]
+    return [(host.strip("[]"), int(port)) for host, _, port in pairs]
 
 
 def _route_problems(routes: list[Route]) -> list[str]:
@@ -152,6 +193,8 @@ def _route_problems(routes: list[Route]) -> list[str]:
     names: set[str] = set()
     for route in routes:
         where = f"route {route.name!r}"
+        if not ROUTE_NAME.fullmatch(route.name):
+            problems.append(f"{where}: name must be 1 to 64 letters, digits, '_', '.' or '-'")
         if route.name in names:
             problems.append(f"{where} is defined twice")
         names.add(route.name)
@@ -165,4 +208,6 @@ def _route_problems(routes: list[Route]) -> list[str]:
             problems.append(f"{where}: lease_s must exceed timeout_s")
         if any(method.upper() != method for method in route.methods):
             problems.append(f"{where}: methods must be upper case")
+        if any(not 400 <= status <= 599 for status in route.release_statuses):
+            problems.append(f"{where}: release_statuses must be 4xx or 5xx statuses")
     return problems

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wal_engine.effects.gateway import GatewayStore, PostgresGatewayStore
-from wal_engine.gateway.config import GatewayConfig
+from wal_engine.gateway.config import GatewayConfig, sentinel_addresses
 
 
 async def open_store(config: GatewayConfig) -> GatewayStore:
@@ -13,9 +13,16 @@ async def open_store(config: GatewayConfig) -> GatewayStore:
     if settings.kind == "redis":
         from wal_engine.effects.redis_store import RedisGatewayStore
 
-        assert settings.url is not None  # parse_config requires it for redis.
-        store = RedisGatewayStore.from_url(settings.url, tenant=settings.tenant,
-                                           retention_ms=retention_ms)
+        if settings.sentinels:
+            assert settings.service_name is not None  # parse_config requires it.
+            store = RedisGatewayStore.from_sentinel(
+                sentinel_addresses(settings), settings.service_name, tenant=settings.tenant,
+                retention_ms=retention_ms, replicas_min=settings.replicas_min)
+        else:
+            assert settings.url is not None  # parse_config requires url or sentinels.
+            store = RedisGatewayStore.from_url(settings.url, tenant=settings.tenant,
+                                               retention_ms=retention_ms,
+                                               replicas_min=settings.replicas_min)
         await store.ping()
         return store
     from wal_engine.store import Database
