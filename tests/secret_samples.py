@@ -223,6 +223,8 @@ EVASIONS: Final = {
     "short_key_pass": (_PW, f"pass: {_PW}"),
     "key_named_key": (_PW, f"key={_PW}"),
     "sessionid_key": (_PW, f"sessionid={_PW}"),
+    "php_array_arrow": (_PW, f"$config = ['password' => '{_PW}'];"),
+    "ruby_hash_rocket": (_PW, f":secret_key => {_PW}, :region => 'eu'"),
 }
 """The same secret hidden in ways that defeat a naive matcher: ``(secret, text)``."""
 

@@ -117,6 +117,34 @@ async def test_s15_signals_per_tenant_follow_the_administrators_cap(
     assert await _signals(app_engine) == 3
 
 
+async def test_s15_signal_bytes_per_tenant_follow_the_administrators_cap(
+        app_engine: Engine, database_dsn: str) -> None:
+    """With the tenant's signal bytes capped by the owner at 5,000, the signal that would
+    pass it (to any task) is refused, by the API (CapExceeded) and by the SQL function
+    called directly (WE008); the signals stored before stay, and nothing else is stored."""
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        await admin.execute("INSERT INTO wal_tenants (tenant, signal_bytes_max)"
+                            " VALUES ('default', 5000) ON CONFLICT (tenant)"
+                            " DO UPDATE SET signal_bytes_max = 5000")
+    finally:
+        await admin.close()
+    for task in ("a", "b"):
+        await app_engine.submit("agent", None, task_id=task)
+    text = "x" * 2000  # 2,002 bytes once encoded: two fit, a third does not.
+    await app_engine.signal("a", "one", text)
+    await app_engine.signal("b", "two", text)
+    with pytest.raises(CapExceeded) as refused:
+        await app_engine.signal("a", "three", text)
+    assert refused.value.cap == "signals_per_tenant"
+    error = await _sql_error(app_engine, "SELECT wal_send_signal($1, $2, $3, NULL)",
+                             "b", "three", orjson.dumps(text))
+    assert error.sqlstate == "WE008"
+    error = await _sql_error(app_engine, "UPDATE wal_tenants SET signal_bytes = 0")
+    assert error.sqlstate == "42501"
+    assert await _signals(app_engine) == 2
+
+
 async def test_s15_event_bounds_hold_for_every_writer(app_engine: Engine) -> None:
     """Past the events-per-task ceiling, or with a payload over 16 MiB, a row is refused
     by the log's CHECK whoever writes it; the API refuses an engine configured beyond the

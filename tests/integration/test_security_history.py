@@ -244,3 +244,25 @@ async def test_sql_v2_hash_equals_python_v2_hash(app_engine: Engine) -> None:
             " AS h", bytes(32), stamp, key, payload)
         assert row["h"] == event_hash_v2(bytes(32), "tâsk-1", 7, "message_appended", 1, 3,
                                          stamp, key, payload)
+
+
+@pytest.mark.parametrize(("event_type", "payload"), [
+    ("signal_received", b'{"name":"approved","payload":{"approved":true},"signal_id":1}'),
+    ("message_appended", b'{"content":"approved by ops","role":"user"}'),
+])
+async def test_s13_forgeries_while_no_one_holds_the_task_are_named(
+        app_engine: Engine, event_type: str, payload: bytes) -> None:
+    """Beyond the lease: the task handed its lease back to wait for an approval (WAITING,
+    no worker holds it); the forger appends, at the wait's own epoch, an approving signal
+    that was never sent, or a message. No writer could append there without claiming the
+    task first: verify names the forged seq."""
+    store, database = app_engine.store, app_engine.database
+    await running_task(app_engine, "waits")
+    head = await store.read_head("waits")
+    await store.append_events("waits", [ev.SignalAwaited(name="approved")],
+                              epoch=head.lease_epoch, expected_seq=head.head_seq,
+                              prev_hash=head.head_hash)
+    assert (await store.read_head("waits")).status.value == "WAITING"
+    assert (await store.verify_task("waits")).ok
+    seq = await forge(database, "waits", event_type, payload)
+    assert await _violation(store, "waits") == (seq, "semantics")

@@ -28,6 +28,7 @@ from tests.integration.tenant_roles import sqlstate as _sqlstate
 from tests.integration.test_cli_agents import lines, one_error_line
 from wal_engine import events as ev
 from wal_engine.cli import main
+from wal_engine.dsn import with_database
 from wal_engine.effects.gateway import Claim
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable, InvalidInput, TenantRoleRefused
@@ -688,3 +689,45 @@ async def test_tenant_cli_creates_lists_rotates_and_disables(tenant_roles: Tenan
     assert (await _tenant_cli("enable", "cli-tenant", "--dsn", dsn)).exit_code == 0
     unknown = await _tenant_cli("disable", "nobody", "--dsn", dsn)
     assert unknown.exit_code == 2 and "no role" in one_error_line(unknown)
+
+
+async def test_a_tenant_role_of_one_database_gets_nothing_in_another(
+        tenant_roles: TenantRoles, database_factory: Any) -> None:
+    """Two engine databases on one server with the same owner and application group names
+    (the defaults, cluster-wide): tenant A of the first database has a role of its own
+    there, tenant A of the second another. The first's role reaches the second database
+    (the group's CONNECT lets it in) but is mapped to nothing there: every read, function
+    and write of the attack finds or changes nothing of the second's tenant A, whatever
+    tenant it names, its engine refuses to start, and the second's engine keeps working."""
+    other_dsn = await database_factory.create()
+    try:
+        await secure(other_dsn)
+        other = TenantRoles(other_dsn)
+        a_other = await _engine(other, TENANT_A)
+        try:
+            await _populate_a(a_other, other_dsn)
+            before = await _rows_of_a(other_dsn)
+            first = await tenant_roles.create(TENANT_A)
+            assert (await other.create(TENANT_A)).role != first.role
+            other_database = other_dsn.rsplit("/", 1)[-1].split("?", 1)[0]
+            intruder_dsn = with_database(first.dsn, other_database)
+            with pytest.raises(TenantRoleRefused, match="not the login role of a tenant"):
+                await connect(intruder_dsn, migrate=False, development=False)
+            outcomes: dict[str, dict[str, Any]] = {}
+            for named in (None, TENANT_A):
+                settings = {} if named is None else {"wal.tenant": named}
+                connection = await asyncpg.connect(intruder_dsn, server_settings=settings)
+                try:
+                    assert await connection.fetchval("SELECT current_database()") == \
+                        other_database
+                    outcomes[str(named)] = _unexpected(await _attack_as_b(connection))
+                finally:
+                    await connection.close()
+            assert outcomes == {"None": {}, TENANT_A: {}}
+            assert await _rows_of_a(other_dsn) == before
+            await _a_still_works(a_other)
+        finally:
+            await a_other.close()
+            await other.close()
+    finally:
+        await database_factory.drop(other_dsn)

@@ -60,11 +60,12 @@ no further (the rest of a runaway line stays)."""
 _camel: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _separators: Final = re.compile(r"[^a-z0-9]+")
 # A name (starting where no name character precedes it, so a run is scanned from one
-# start), an optional closing quote (plain or escaped), spaces, and "=" or ":" (not the
-# "://" of a URL; "%3D" and "%3A" are "=" and ":" URL-encoded). Possessive runs: linear.
+# start), an optional closing quote (plain or escaped), spaces, and "=", "=>" (PHP arrays,
+# Ruby and Perl hashes) or ":" (not the "://" of a URL; "%3D" and "%3A" are "=" and ":"
+# URL-encoded). Possessive runs: linear.
 _assignment: Final = re.compile(
     r"(?<![\w.-])([A-Za-z_][\w.-]{0,127}+)"
-    r"(\\?[\"']?[ \t]{0,16}+(?:=|:(?!//)|%3[DdAa])[ \t]{0,16}+)")
+    r"(\\?[\"']?[ \t]{0,16}+(?:=>?+|:(?!//)|%3[DdAa])[ \t]{0,16}+)")
 _unquoted: Final = re.compile(r"[^\s&,;\"'<>\\]{1,4096}+")
 _scheme: Final = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,19}+[ \t]++(?=\S)")
 
