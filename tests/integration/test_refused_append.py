@@ -1,0 +1,122 @@
+"""A write the database refuses is no ending of the agent's (issue 17's deploy gate).
+
+A fresh-clone CI run once failed the rolling-deploy test at the deploy gate: the replay of
+the finished task ``v2timer-3`` against version 2 "diverged at seq 5: recorded=None,
+requested=tool 'notify'". That is the signature of a version 2 history that ends with
+``task_failed`` (``agent_error``) right after ``prepare``: the run's ``ctx.patched`` marker
+was refused by the database (then, a group commit voided by another task's stale wake-up,
+fixed since in the store), the refusal reached the agent code as an exception, and the run
+recorded it as the code's own failure. The gate replays a history the code ended as the
+code's ending, so today's code, which does not raise there, went on past it: ``patched``
+answers False at the end of a finished history, and the old branch asked for ``notify``.
+
+The tests here pin both halves: that history shape replays into exactly the divergence CI
+reported (the replayer answers as it must), and a run whose write the database refuses
+hands its task back instead of failing it, with its state as the log has it, so that the
+task completes on the next run and its history replays cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from replay import args_hash
+from tests.fault import deploy_agents as agents
+from tests.helpers import drive
+from wal_engine import events as ev
+from wal_engine.engine import Engine
+from wal_engine.runtime.replayer import check_history, replay_events
+
+TIMER_TASK: Final = {"n": 4, "wait": "timer", "sleep_s": 0.05}
+REFUSAL: Final = "IllegalTransition: illegal transition on task 'v2timer-3': RUNNING -> RUNNING"
+
+REFUSE_FIRST_MARKER: Final = (
+    "CREATE SEQUENCE test_marker_refusals",
+    """CREATE FUNCTION test_refuse_first_marker() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        -- A sequence is not rolled back with the refused statement: only the first
+        -- patch_marked insert is refused, as the database refused the CI run's marker.
+        IF NEW.type = 'patch_marked' AND nextval('test_marker_refusals') = 1 THEN
+            RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'WE001',
+                COLUMN = 'RUNNING', CONSTRAINT = 'RUNNING';
+        END IF;
+        RETURN NEW;
+    END $$""",
+    """CREATE TRIGGER test_refuse_first_marker BEFORE INSERT ON wal_events
+        FOR EACH ROW EXECUTE FUNCTION test_refuse_first_marker()""",
+)
+
+
+def _prepared_then(*tail: ev.Event) -> list[tuple[int, ev.Event]]:
+    """A version 2 timer task claimed, ``prepare`` recorded, then ``tail``."""
+    prepare_args = {"n": TIMER_TASK["n"], "gate": False}
+    events: list[ev.Event] = [
+        ev.TaskSubmitted(agent=agents.AGENT, input=TIMER_TASK, agent_version="2"),
+        ev.TaskClaimed(worker_id="v2-0", attempt=1, agent_version="2"),
+        ev.ToolCallIntended(call_id="tool-0", tool="prepare", args=prepare_args,
+                            args_hash=args_hash(prepare_args), idempotency_key="k-0"),
+        ev.ToolCallCompleted(call_id="tool-0", result={"prepared": TIMER_TASK["n"]}),
+        *tail,
+    ]
+    return list(enumerate(events, 1))
+
+
+async def test_a_task_failed_on_a_refused_marker_replays_into_the_ci_divergence(
+        engine: Engine) -> None:
+    """The history CI's gate refused (``task_failed`` agent_error at seq 5, right after
+    ``prepare``) gives exactly its divergence; the same task handed back at that point
+    instead replays to the end of its history with no divergence."""
+    agents.register_v2(engine)
+    failed = _prepared_then(ev.TaskFailed(reason="agent_error", error=REFUSAL))
+    report = await replay_events(failed, engine.agents, task_id="v2timer-3")
+    assert report.divergence is not None
+    divergence = report.divergence
+    assert (divergence.seq, divergence.recorded) == (5, None), divergence
+    assert (divergence.requested or "").startswith("tool 'notify'"), divergence
+
+    handed_back = _prepared_then(ev.TaskReleased(worker_id="v2-0", reason=REFUSAL))
+    report = await replay_events(handed_back, engine.agents, task_id="v2timer-3")
+    assert report.ok and report.outcome == "reached_end", report
+    assert report.calls_replayed == 1
+
+
+async def test_a_refused_write_hands_the_task_back_and_the_next_run_completes_it(
+        engine: Engine) -> None:
+    """The database refuses version 2's first ``patch_marked``: the run does not record
+    ``agent_error`` or keep the marker the log lacks; it hands the task back, the next run
+    marks the patch, skips ``notify`` and completes, and the deploy gate's replay of the
+    history passes."""
+    agents.register_v2(engine)
+    await agents.prepare_tables(engine)
+    for statement in REFUSE_FIRST_MARKER:
+        await engine.database.fetch(statement)
+    task_id = await engine.submit(agents.AGENT, TIMER_TASK, task_id="v2timer-refused")
+    result = await drive(engine, task_id)
+
+    history = await engine.store.read_events(task_id, from_seq=1, limit=100)
+    types = [record.type for record in history]
+    assert str(result.status) == "COMPLETED", types
+    assert result.output["charged"]["currency"] == "EUR" and "receipt" in result.output
+    assert types.count("task_released") == 1, types
+    assert "task_failed" not in types
+    # The marker the database refused is not in the log; the next run's is, once.
+    state = await engine.state(task_id)
+    assert state.patches == list(agents.PATCHES), state.patches
+    assert "IllegalTransition" in _released_reason(history)
+    refusals = await engine.database.fetch("SELECT last_value FROM test_marker_refusals")
+    assert refusals[0]["last_value"] >= 2  # Refused once, then accepted.
+    effects = await engine.database.fetch(
+        "SELECT tool FROM wal_test_effects WHERE task_id = $1 LIMIT 10", task_id)
+    assert sorted(row["tool"] for row in effects) == ["charge", "prepare", "receipt"]
+    report = await check_history(engine, task_id)
+    assert report.ok and report.outcome == "completed", report
+
+
+def _released_reason(history: list[Any]) -> str:
+    for record in history:
+        if record.type == "task_released":
+            reason: str = orjson.loads(bytes(record.payload))["reason"]
+            return reason
+    return ""
