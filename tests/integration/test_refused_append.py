@@ -24,10 +24,12 @@ import orjson
 
 from replay import args_hash
 from tests.fault import deploy_agents as agents
-from tests.helpers import drive
+from tests.helpers import claim, drive
 from wal_engine import events as ev
 from wal_engine.engine import Engine
+from wal_engine.errors import InvalidInput
 from wal_engine.runtime.replayer import check_history, replay_events
+from wal_engine.store import PendingAppend, Store
 
 TIMER_TASK: Final = {"n": 4, "wait": "timer", "sleep_s": 0.05}
 REFUSAL: Final = "IllegalTransition: illegal transition on task 'v2timer-3': RUNNING -> RUNNING"
@@ -120,3 +122,40 @@ def _released_reason(history: list[Any]) -> str:
             reason: str = orjson.loads(bytes(record.payload))["reason"]
             return reason
     return ""
+
+
+REFUSE_ONE_TASK: Final = (
+    """CREATE FUNCTION test_refuse_task() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.task_id = 'g-1' AND NEW.type = 'message_appended' THEN
+            RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
+        END IF;
+        RETURN NEW;
+    END $$""",
+    """CREATE TRIGGER test_refuse_task BEFORE INSERT ON wal_events
+        FOR EACH ROW EXECUTE FUNCTION test_refuse_task()""",
+)
+
+
+async def test_a_refusal_of_any_kind_voids_only_its_own_task_in_a_group_commit(
+        store: Store) -> None:
+    """One task's rows refused for a reason the group commit did not list (here an
+    ``InvalidInput``, SQLSTATE 22023) used to void the shared statement and reach every run
+    in the group as its own failure; only that task is refused now."""
+    for n in range(3):
+        await store.create_task(f"g-{n}", "agent")
+    await claim(store.database)
+    heads = [await store.read_head(f"g-{n}") for n in range(3)]
+    for statement in REFUSE_ONE_TASK:
+        await store.database.fetch(statement)
+    results = await store.append_many([
+        PendingAppend(task_id=h.task_id, epoch=h.lease_epoch, expected_seq=h.head_seq,
+                      prev_hash=h.head_hash,
+                      events=[ev.MessageAppended(role="user", content=h.task_id)])
+        for h in heads])
+    assert isinstance(results["g-1"], InvalidInput), results
+    for task_id in ("g-0", "g-2"):
+        assert not isinstance(results[task_id], Exception), results
+        assert (await store.read_head(task_id)).head_seq == 3
+        assert (await store.verify_task(task_id)).ok
+    assert (await store.read_head("g-1")).head_seq == 2
