@@ -27,28 +27,34 @@ from tests.fault import deploy_agents as agents
 from tests.helpers import claim, drive
 from wal_engine import events as ev
 from wal_engine.engine import Engine
-from wal_engine.errors import InvalidInput
+from wal_engine.errors import InvalidInput, WalError
+from wal_engine.runtime.context import AgentContext
 from wal_engine.runtime.replayer import check_history, replay_events
 from wal_engine.store import PendingAppend, Store
 
 TIMER_TASK: Final = {"n": 4, "wait": "timer", "sleep_s": 0.05}
 REFUSAL: Final = "IllegalTransition: illegal transition on task 'v2timer-3': RUNNING -> RUNNING"
 
-REFUSE_FIRST_MARKER: Final = (
-    "CREATE SEQUENCE test_marker_refusals",
-    """CREATE FUNCTION test_refuse_first_marker() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        -- A sequence is not rolled back with the refused statement: only the first
-        -- patch_marked insert is refused, as the database refused the CI run's marker.
-        IF NEW.type = 'patch_marked' AND nextval('test_marker_refusals') = 1 THEN
-            RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'WE001',
-                COLUMN = 'RUNNING', CONSTRAINT = 'RUNNING';
-        END IF;
-        RETURN NEW;
-    END $$""",
-    """CREATE TRIGGER test_refuse_first_marker BEFORE INSERT ON wal_events
-        FOR EACH ROW EXECUTE FUNCTION test_refuse_first_marker()""",
-)
+
+
+def refuse_first(event_type: str) -> tuple[str, ...]:
+    """Statements that make the database refuse the first insert of ``event_type`` (as the
+    status trigger refuses a move: SQLSTATE WE001, an ``IllegalTransition``)."""
+    return (
+        "CREATE SEQUENCE test_refusals",
+        """CREATE FUNCTION test_refuse_first() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            -- A sequence is not rolled back with the refused statement: only the first
+            -- insert of the type is refused, as the database refused the CI run's marker.
+            IF NEW.type = TG_ARGV[0] AND nextval('test_refusals') = 1 THEN
+                RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'WE001',
+                    COLUMN = 'RUNNING', CONSTRAINT = 'RUNNING';
+            END IF;
+            RETURN NEW;
+        END $$""",
+        f"""CREATE TRIGGER test_refuse_first BEFORE INSERT ON wal_events
+            FOR EACH ROW EXECUTE FUNCTION test_refuse_first('{event_type}')""",
+    )
 
 
 def _prepared_then(*tail: ev.Event) -> list[tuple[int, ev.Event]]:
@@ -92,7 +98,7 @@ async def test_a_refused_write_hands_the_task_back_and_the_next_run_completes_it
     history passes."""
     agents.register_v2(engine)
     await agents.prepare_tables(engine)
-    for statement in REFUSE_FIRST_MARKER:
+    for statement in refuse_first("patch_marked"):
         await engine.database.fetch(statement)
     task_id = await engine.submit(agents.AGENT, TIMER_TASK, task_id="v2timer-refused")
     result = await drive(engine, task_id)
@@ -107,13 +113,42 @@ async def test_a_refused_write_hands_the_task_back_and_the_next_run_completes_it
     state = await engine.state(task_id)
     assert state.patches == list(agents.PATCHES), state.patches
     assert "IllegalTransition" in _released_reason(history)
-    refusals = await engine.database.fetch("SELECT last_value FROM test_marker_refusals")
+    refusals = await engine.database.fetch("SELECT last_value FROM test_refusals")
     assert refusals[0]["last_value"] >= 2  # Refused once, then accepted.
     effects = await engine.database.fetch(
         "SELECT tool FROM wal_test_effects WHERE task_id = $1 LIMIT 10", task_id)
     assert sorted(row["tool"] for row in effects) == ["charge", "prepare", "receipt"]
     report = await check_history(engine, task_id)
     assert report.ok and report.outcome == "completed", report
+
+
+async def test_code_that_swallows_a_refused_write_does_not_complete_on_it(
+        engine: Engine) -> None:
+    """Agent code that catches the refusal of its message and returns: that run's ending is
+    not recorded (its message is not in the log); the task is handed back and completes on
+    the next run, whose message lands."""
+    runs: list[str] = []
+
+    @engine.agent("swallower")
+    async def swallower(ctx: AgentContext, task_input: Any) -> Any:
+        try:
+            await ctx.message("assistant", "noted")
+        except WalError as refused:
+            runs.append(type(refused).__name__)
+            return "swallowed"
+        runs.append("noted")
+        return "noted"
+
+    for statement in refuse_first("message_appended"):
+        await engine.database.fetch(statement)
+    task_id = await engine.submit("swallower", {})
+    result = await drive(engine, task_id)
+    assert runs == ["IllegalTransition", "noted"], runs
+    assert str(result.status) == "COMPLETED" and result.output == "noted"
+    assert [m.content for m in result.messages] == ["noted"]
+    history = await engine.store.read_events(task_id, from_seq=1, limit=100)
+    assert [r.type for r in history].count("task_released") == 1
+    assert (await engine.store.verify_task(task_id)).ok
 
 
 def _released_reason(history: list[Any]) -> str:
