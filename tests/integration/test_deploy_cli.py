@@ -1,12 +1,14 @@
 """Issue 17's operator commands that no other test ran: ``wal-engine tasks --by-version``
-(with the per-version claims metric) and ``wal-engine fork --at-divergence``."""
+(with the per-version claims metric), ``wal-engine fork --at-divergence``, and ``replay
+--all`` (the deploy gate) in process, with ``--since``."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.helpers import log_snapshot
 from tests.integration import test_cli_agents as agents
-from tests.integration.test_cli_agents import cli, drive, lines, one_error_line
+from tests.integration.test_cli_agents import cli, drive, drive_until, lines, one_error_line
 from wal_engine.engine import Engine
 from wal_engine.observability import metrics
 from wal_engine.runtime.replayer import check_history
@@ -78,3 +80,34 @@ async def test_fork_needs_exactly_one_of_at_and_at_divergence(
     """Neither or both: a usage error (exit 2), nothing written."""
     result = await cli("fork", "some-task", *args, "--dsn", engine.database.dsn)
     assert result.exit_code == 2
+
+
+async def test_replay_all_is_the_deploy_gate_and_since_narrows_it(engine: Engine) -> None:
+    """``replay --all`` against code that calls another tool second: exit 1, the divergent
+    finished task named with its seq and both sides, the live task passing, nothing
+    written; ``--since`` after every update checks nothing and passes."""
+    agents.register(engine)
+    finished = await engine.submit("cli-echo", {"q": "why"})
+    assert (await drive(engine, finished)).status is Status.COMPLETED
+    waiting = await engine.submit("cli-waiter", 3)
+    await drive_until(engine, waiting, "WAITING")
+    dsn = engine.database.dsn
+    before = await log_snapshot(engine.database)
+    gate = await cli("replay", "--all", "--agents", SPEC + "register_changed", "--dsn", dsn,
+                     "--json")
+    assert gate.exit_code == 1, gate.output
+    *reports, summary = lines(gate.stdout)
+    assert summary["divergent"] == [finished] and summary["checked"] == 2
+    assert (summary["live"], summary["finished"]) == (1, 1)
+    (divergent,) = [r for r in reports if not r["ok"]]
+    assert divergent["task_id"] == finished and divergent["divergence"]["seq"] > 1
+    assert "'search'" in divergent["divergence"]["recorded"]
+    assert "'search-v2'" in divergent["divergence"]["requested"]
+    human = await cli("replay", "--all", "--agents", SPEC + "register_changed", "--dsn", dsn)
+    assert human.exit_code == 1 and "NOT SAFE TO DEPLOY" in human.stdout
+    assert f"task {finished}" in human.stdout and "NON-DETERMINISM (call) at seq" in human.stdout
+    later = await cli("replay", "--all", "--since", "2999-01-01", "--agents",
+                      SPEC + "register_changed", "--dsn", dsn, "--json")
+    assert later.exit_code == 0, later.output
+    assert lines(later.stdout)[-1]["checked"] == 0
+    assert await log_snapshot(engine.database) == before
