@@ -124,6 +124,9 @@ class TaskRun:
         self._unsettled: list[ev.Event] = []
         """Outcome events of the last append, while it is in doubt (its connection broke):
         after the log is read back, recorded again if they did not land."""
+        self.refused_append: WalError | None = None
+        """The first write of this run that the database refused (not another owner, not a
+        lost connection): the run's outcome is then not recorded; the task is handed back."""
 
     # ------------------------------------------------------------------ control
 
@@ -265,6 +268,9 @@ class TaskRun:
             self.head_seq, self.head_hash = head.head_seq, head.head_hash
             if not self._adopt(await self._read_state()):
                 return False
+            # The code runs again from the top against the log: a write refused before the
+            # connection was lost is behind it (the reload dropped it).
+            self.refused_append = None
             await self._settle_outcomes()
             await self.append([ev.RunInterrupted(
                 error_type=type(error).__name__, error=_interruption_text(error, self),
@@ -278,6 +284,11 @@ class TaskRun:
                                       retry_if=self._reconnectable, key=self.task_id)
             except DISCONNECTS:
                 pass
+            except WalError:
+                if self.refused_append is None:
+                    raise
+                await self._hand_back_refused()
+                return False
             except Fenced:
                 # An append here found the lease gone (another worker took the task over
                 # while this one was disconnected). Fenced is a BaseException: left to
@@ -353,10 +364,19 @@ class TaskRun:
         if trip is not None:
             await self.fail_budget(trip)
         try:
-            output = await function(context, agent_input)
-            assert self.journal is not None
-            self.journal.finish()
-            context.finish_commands()
+            try:
+                output = await function(context, agent_input)
+                assert self.journal is not None
+                self.journal.finish()
+                context.finish_commands()
+            except Exception:
+                if self.refused_append is None:
+                    raise
+                # The code ended on (or after) the database's refusal of one of its writes:
+                # no ending of its own. Recorded as agent_error, the deploy gate would take
+                # it for the code's ending and replay today's code into a divergence there.
+                await self._hand_back_refused()
+                return
         except NonDeterminismError as error:
             self.log.error("nondeterminism", seq=error.seq, fork_point=error.fork_point)
             await self.fail("nondeterminism", error, diagnostic_extra={
@@ -373,6 +393,9 @@ class TaskRun:
             self.log.error("agent_failed", error=self.redact_text(repr(error)))
             await self.fail("agent_error", error)
             return
+        if self.refused_append is not None:
+            await self._hand_back_refused()  # The code caught the refusal and returned.
+            return
         try:
             await self.append([ev.TaskCompleted(output=output)])
         except InvalidPayload as error:
@@ -380,6 +403,11 @@ class TaskRun:
             # the task again: the task stayed RUNNING, re-run at each lease expiry.
             self.log.error("agent_output_unstorable", error=str(error))
             await self.fail("agent_error", error)
+            return
+        except WalError:
+            if self.refused_append is None:
+                raise
+            await self._hand_back_refused()
             return
         self.log.info("task_completed", seq=self.head_seq)
         await self.run_hook("on_complete", "completed", {"output": self.view.output})
@@ -456,6 +484,10 @@ class TaskRun:
             self.leaving_lease = False
             self._unsettled = [e for e in events if isinstance(e, _OUTCOMES)]
             raise
+        except WalError as error:
+            self.leaving_lease = False
+            await self._forget_refused(events, error)
+            raise
         except BaseException:
             self.leaving_lease = False
             raise
@@ -464,6 +496,48 @@ class TaskRun:
         if result.status is not None and result.status not in LEASED:
             self.leased = False
         self.last_appended = events
+
+    async def _forget_refused(self, events: Sequence[ev.Event], error: WalError) -> None:
+        """The database refused an append that is neither fenced nor in doubt (a status move
+        its trigger refused, a cap): nothing of it landed, but its events were folded into
+        the run's state ahead of the commit. Left there, the run would go on from a state the
+        log does not hold (a ``ctx.patched`` marker, a call intent that never landed), and
+        whatever it wrote next (a ``task_failed`` blaming the agent code for the engine's
+        refusal) would describe that state. The state is folded again from the log; if that
+        cannot be done, the run stops writing (the lease expires and the next owner reads
+        the log)."""
+        if self.refused_append is None:
+            self.refused_append = error
+        self.log.error("append_refused", error=self.redact_text(repr(error)),
+                       events=[ev.event_type(e) for e in events], seq=self.head_seq)
+        try:
+            resumed = await self._read_state()
+        except (WalError, *CONNECTION_ERRORS) as failure:
+            self.fence(f"state unknown after a refused append ({type(failure).__name__})")
+            return
+        if resumed.state.last_seq != self.head_seq:
+            self.fence(f"log moved past a refused append (seq {resumed.state.last_seq} != "
+                       f"{self.head_seq})")
+            return
+        self.builder = StateBuilder(resumed.state)
+        self._state_cache = None
+
+    async def _hand_back_refused(self) -> None:
+        """End a run that saw the database refuse one of its writes. Whatever the agent code
+        did next (raise the refusal, or catch it and go on) is not its own outcome: the task
+        is handed back, and its next run continues from the log, where the refused write is
+        absent. A refusal that repeats on every run ends in the recovery-attempts budget,
+        never as ``agent_error``."""
+        refused = self.refused_append
+        assert refused is not None
+        if self.fenced_reason is not None or not self.leased:
+            return
+        reason = self.redact_text(f"a write was refused: {type(refused).__name__}: {refused}")
+        try:
+            await self._release(reason[:error_text_max])
+        except (Fenced, WalError, *CONNECTION_ERRORS) as failure:
+            # Left to lease expiry: the next owner reads the log as it is.
+            self.log.warning("task_release_failed", error=self.redact_text(repr(failure)))
 
     def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
         """Open the next step first when the task rests CHECKPOINTED and an observation

@@ -16,7 +16,6 @@ from wal_engine.budgets import validate_budget
 from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
 from wal_engine.errors import (
     AmbiguousCommit,
-    CapExceeded,
     ConcurrencyConflict,
     DatabaseUnavailable,
     DuplicateRow,
@@ -328,10 +327,14 @@ class Store:
         try:
             rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches),
                                              connection=via)
-        except (DuplicateRow, IllegalTransition, CapExceeded, UnknownTask):
+        except (DatabaseUnavailable, AmbiguousCommit):
+            raise  # The outcome is unknown, not refused: the committer reads it back.
+        except WalError:
             # One task's batch voided the shared statement (a racing writer took one of its
-            # seqs or moved its status first, or the database refused its rows): append
-            # task by task, so that only that task is refused and the others land.
+            # seqs or moved its status first, or the database refused its rows for any other
+            # reason): append task by task, so that only that task is refused and the
+            # others land. Any refusal, not a list of the expected ones: an error left to
+            # void the group reached every run sharing the commit as a failure of its own.
             return await self._append_each(appends, batches)
         accepted = {row["task_id"] for row in rows}
         metrics.append_observed("group", started, sum(
