@@ -114,9 +114,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collect the figures lines of every report (from xdist workers too)."""
+    """Collect the figures lines of every report (from xdist workers too), and record its
+    duration where WAL_ENGINE_TEST_TIMES asks (see pytest_configure)."""
     _figures_received.extend(value for key, value in report.user_properties
                              if key == FIGURE_PROPERTY)
+    if _times_path:
+        with open(_times_path, "a", encoding="utf-8") as times:
+            times.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -125,3 +129,52 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("reliability figures (RELIABILITY.md matrix ids)")
         for line in _figures_received:
             terminalreporter.write_line(line)
+
+
+# ----------------------------------------------------------------------------- scheduling
+# `-n 2 --dist loadfile` gives each xdist worker whole files. pytest-xdist's default
+# (--loadscope-reorder) queues files by their number of tests, most first, so the files
+# holding a few long tests (the crash machine, the effect model, the walkthrough) were sent
+# last and ran alone at the end: the run's wall time was their start plus their length.
+# Files are queued in collection order instead, with the longest known files first (a
+# longest-first schedule over two workers); the rest keep pytest's order, short unit
+# tests last, filling whichever worker frees first. The list is by measured time per file
+# (WAL_ENGINE_TEST_TIMES below records it); a file missing from it only runs later.
+SLOW_FIRST = (
+    "tests/fault/test_w1_w3_crash_machine.py",
+    "tests/property/test_effect_model.py",
+    "tests/fault/test_n_network_faults.py",
+    "tests/fault/test_d_database_faults.py",
+    "tests/fault/test_w_worker_faults.py",
+    "tests/fault/test_effect_safety.py",
+    "tests/fault/test_k_clock_faults.py",
+    "tests/fault/test_gateway_faults.py",
+    "tests/integration/test_walkthrough.py",
+    "tests/fault/test_l_logic_faults.py",
+    "tests/fault/test_rolling_deploy.py",
+)
+
+
+_times_path: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Queue files in collection order under xdist (see SLOW_FIRST). With
+    WAL_ENGINE_TEST_TIMES=path, the controlling process appends each phase's duration (node
+    id, phase, seconds) to that file as it ends, so a run stopped part-way still says where
+    its time went."""
+    global _times_path
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):
+        _times_path = os.environ.get("WAL_ENGINE_TEST_TIMES") or None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest known files first, everything else in pytest's order (a stable sort)."""
+    rank = {path: index for index, path in enumerate(SLOW_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.nodeid.split("::", 1)[0], len(SLOW_FIRST))
+
+    items.sort(key=key)
