@@ -1057,7 +1057,10 @@ INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
 -- wal_workers: one row per worker id and tenant, the agents it serves and when it last
 -- said so (at start-up). Advisory only: nothing claims through it; `wal-engine submit`
 -- reads it to warn about an agent that no worker has registered recently. Not part of
--- the log, so rows are updated in place.
+-- the log, so rows are updated in place. Its policy is the log's (the tenant of the login
+-- role, else wal_trusted_tenant()): keyed on the setting alone, a tenant's role could
+-- name another tenant and read its agents and worker ids, or forge a registration that
+-- silences that tenant's `submit` warning.
 CREATE TABLE IF NOT EXISTS wal_workers (
     tenant     text NOT NULL DEFAULT current_setting('wal.tenant'),
     worker_id  text NOT NULL,
@@ -1069,5 +1072,11 @@ ALTER TABLE wal_workers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE wal_workers FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS wal_tenant_isolation ON wal_workers;
 CREATE POLICY wal_tenant_isolation ON wal_workers
-    USING (tenant = current_setting('wal.tenant', true))
-    WITH CHECK (tenant = current_setting('wal.tenant', true));
+    USING (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())))
+    WITH CHECK (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())));

@@ -32,6 +32,7 @@ from wal_engine.effects.gateway import Claim
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable, InvalidInput, TenantRoleRefused
 from wal_engine.observability import logs
+from wal_engine.runtime.registry import record_worker
 from wal_engine.runtime.resume import resume, save_snapshot
 from wal_engine.security.roles import APP_ROLE, OWNER_ROLE, InsecureSetup
 from wal_engine.security.tenants import (
@@ -53,7 +54,7 @@ INSUFFICIENT_PRIVILEGE = "42501"
 deadline_s = 30.0
 
 TENANT_TABLES = ("wal_tasks", "wal_events", "wal_snapshots", "wal_snapshot_segments",
-                 "wal_idempotency", "wal_signals", "wal_tenants")
+                 "wal_idempotency", "wal_signals", "wal_tenants", "wal_workers")
 LOCK_MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE",
               "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE")
 HARMLESS_LOCK_MODES = {"ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE"}
@@ -71,6 +72,7 @@ A_ROWS = {
     "wal_idempotency": "SELECT * FROM wal_idempotency WHERE tenant = $1 ORDER BY key",
     "wal_signals": "SELECT * FROM wal_signals WHERE tenant = $1 ORDER BY signal_id",
     "wal_tenants": "SELECT * FROM wal_tenants WHERE tenant = $1",
+    "wal_workers": "SELECT * FROM wal_workers WHERE tenant = $1 ORDER BY worker_id",
     "wal_tenant_roles": "SELECT * FROM wal_tenant_roles WHERE tenant = $1",
 }
 
@@ -137,6 +139,7 @@ async def _populate_a(a: Engine, admin_dsn: str) -> None:
                                    task_id="a-task"), effect)
     assert await save_snapshot(a.database, await resume(a.store, "a-task"))
     await a.database.fetch("SELECT * FROM wal_add_llm_spend(0.25)")
+    await record_worker(a.database, "worker-a", ["echo"])
     admin = await asyncpg.connect(admin_dsn)
     try:
         await admin.execute("UPDATE wal_tenants SET tasks_max = 50, llm_spend_max_usd = 2"
@@ -189,6 +192,10 @@ async def _attack_as_b(connection: asyncpg.Connection) -> dict[str, Any]:
                        " decode(repeat('00', 32), 'hex'))",
         "update task": "UPDATE wal_tasks SET status = 'COMPLETED' WHERE task_id = 'a-task'",
         "update key": "UPDATE wal_idempotency SET state = 'failed' WHERE key = 'k1'",
+        # Worker registrations: a forged one would silence `submit`'s warning for A.
+        "insert worker": "INSERT INTO wal_workers (tenant, worker_id, agents)"
+                         " VALUES ('tenant-a', 'evil', '{fake}')",
+        "update worker": "UPDATE wal_workers SET agents = '{fake}' WHERE worker_id = 'worker-a'",
         "map to A": "INSERT INTO wal_tenant_roles (role_name, tenant)"
                     " VALUES ('evil', 'tenant-a')",
         "remap self": "UPDATE wal_tenant_roles SET tenant = 'tenant-a'",
@@ -214,12 +221,12 @@ def _unexpected(found: dict[str, Any]) -> dict[str, Any]:
                                                                "wal_events_json")}
     allowed.update({"read heads": {0}, "claim": {0}, "break leases": {0},
                     "signal": {"WE004"}, "cancel": {"WE004"},
-                    "update task": {None}, "update key": {None}})
+                    "update task": {None}, "update key": {None}, "update worker": {None}})
     for name in ("spend", "delete snapshots", "release key", "save snapshot",
                  "insert event (default tenant)"):
         allowed[name] = NOTHING_OR_REFUSED
-    for name in ("insert event", "insert task", "map to A", "remap self", "spend as owner",
-                 "cap as owner"):
+    for name in ("insert event", "insert task", "insert worker", "map to A", "remap self",
+                 "spend as owner", "cap as owner"):
         allowed[name] = REFUSED
     return {name: value for name, value in found.items() if value not in allowed[name]}
 
