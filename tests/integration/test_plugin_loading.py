@@ -44,10 +44,15 @@ asyncio_mode = "{mode}"
 asyncio_default_fixture_loop_scope = "function"
 '''
 
+# docs/testing.md's style: each async test marked (needed in strict mode, harmless in auto
+# mode), beside a sync test in the same module (a module-level pytestmark would make
+# pytest-asyncio warn about it; the crash machine's tests are sync).
 USER_TESTS = '''
 import pytest
 
-pytestmark = pytest.mark.asyncio      # needed in strict mode, harmless in auto mode
+
+def test_sync_beside_async(wal_database_dsn):
+    assert wal_database_dsn.startswith("postgresql://")
 
 
 @pytest.mark.asyncio
@@ -103,5 +108,5 @@ def test_documented_setup_has_no_warnings(tmp_path: Path, pg_server: TestServer,
         text=True, timeout=120)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    assert "1 passed" in out, out
+    assert "2 passed" in out, out
     assert "warning" not in out.lower(), out
