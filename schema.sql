@@ -429,13 +429,19 @@ EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character
 END;
 $$;
 
--- For SQL audits; the tenant filter keeps a superuser's view to its own tenant as well.
+-- For SQL audits. The filter is the policy's own tenant (the login role's, else what
+-- wal_trusted_tenant() allows): a tenant's role auditing in psql sees its events with no
+-- setting (keyed on wal.tenant alone, it saw none), and a superuser, whom row security
+-- does not filter, sees the tenant it names by SET wal.tenant and nothing without one.
 CREATE OR REPLACE VIEW wal_events_json AS
     SELECT task_id, seq, type, version, epoch,
            wal_payload_json(payload) AS payload,
            idempotency_key, encode(hash, 'hex') AS hash, recorded_at, tenant
     FROM wal_events
-    WHERE tenant = current_setting('wal.tenant', true);
+    WHERE tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()));
 
 -- ------------------------------------------------------------------------------ functions
 
