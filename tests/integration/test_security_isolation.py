@@ -279,6 +279,29 @@ async def test_s11_naming_another_tenant_shows_and_changes_nothing(
     await _a_still_works(a)
 
 
+async def test_the_audit_view_shows_a_tenants_role_its_own_events(
+        tenants: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
+    """wal_events_json as documented: A's role auditing in psql (no setting) sees A's
+    events; a superuser sees none until it names a tenant by SET wal.tenant."""
+    connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_A))
+    try:
+        assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") is None
+        own = await connection.fetchval("SELECT count(*) FROM wal_events")
+        assert own > 0
+        assert await connection.fetchval("SELECT count(*) FROM wal_events_json") == own
+        assert await connection.fetchval(
+            "SELECT count(*) FROM wal_events_json WHERE tenant <> $1", TENANT_A) == 0
+    finally:
+        await connection.close()
+    admin = await asyncpg.connect(tenant_roles.admin_dsn)
+    try:
+        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == 0
+        await admin.execute(f"SET wal.tenant = '{TENANT_A}'")
+        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == own
+    finally:
+        await admin.close()
+
+
 async def test_s4_every_sql_function_keeps_to_the_callers_tenant(
         tenants: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
     """S4 with two tenants' roles: each SQL function granted to the runtime, called by B on
@@ -696,25 +719,3 @@ async def test_tenant_cli_creates_lists_rotates_and_disables(tenant_roles: Tenan
     unknown = await _tenant_cli("disable", "nobody", "--dsn", dsn)
     assert unknown.exit_code == 2 and "no role" in one_error_line(unknown)
 
-
-async def test_the_audit_view_shows_a_tenants_role_its_own_events(
-        tenants: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
-    """wal_events_json as documented: A's role auditing in psql (no setting) sees A's
-    events; a superuser sees none until it names a tenant by SET wal.tenant."""
-    connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_A))
-    try:
-        assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") is None
-        own = await connection.fetchval("SELECT count(*) FROM wal_events")
-        assert own > 0
-        assert await connection.fetchval("SELECT count(*) FROM wal_events_json") == own
-        assert await connection.fetchval(
-            "SELECT count(*) FROM wal_events_json WHERE tenant <> $1", TENANT_A) == 0
-    finally:
-        await connection.close()
-    admin = await asyncpg.connect(tenant_roles.admin_dsn)
-    try:
-        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == 0
-        await admin.execute(f"SET wal.tenant = '{TENANT_A}'")
-        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == own
-    finally:
-        await admin.close()
