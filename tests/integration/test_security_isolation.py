@@ -718,4 +718,3 @@ async def test_tenant_cli_creates_lists_rotates_and_disables(tenant_roles: Tenan
     assert (await _tenant_cli("enable", "cli-tenant", "--dsn", dsn)).exit_code == 0
     unknown = await _tenant_cli("disable", "nobody", "--dsn", dsn)
     assert unknown.exit_code == 2 and "no role" in one_error_line(unknown)
-
