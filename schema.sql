@@ -429,13 +429,19 @@ EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character
 END;
 $$;
 
--- For SQL audits; the tenant filter keeps a superuser's view to its own tenant as well.
+-- For SQL audits. The filter is the policy's own tenant (the login role's, else what
+-- wal_trusted_tenant() allows): a tenant's role auditing in psql sees its events with no
+-- setting (keyed on wal.tenant alone, it saw none), and a superuser, whom row security
+-- does not filter, sees the tenant it names by SET wal.tenant and nothing without one.
 CREATE OR REPLACE VIEW wal_events_json AS
     SELECT task_id, seq, type, version, epoch,
            wal_payload_json(payload) AS payload,
            idempotency_key, encode(hash, 'hex') AS hash, recorded_at, tenant
     FROM wal_events
-    WHERE tenant = current_setting('wal.tenant', true);
+    WHERE tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()));
 
 -- ------------------------------------------------------------------------------ functions
 
@@ -1057,7 +1063,10 @@ INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
 -- wal_workers: one row per worker id and tenant, the agents it serves and when it last
 -- said so (at start-up). Advisory only: nothing claims through it; `wal-engine submit`
 -- reads it to warn about an agent that no worker has registered recently. Not part of
--- the log, so rows are updated in place.
+-- the log, so rows are updated in place. Its policy is the log's (the tenant of the login
+-- role, else wal_trusted_tenant()): keyed on the setting alone, a tenant's role could
+-- name another tenant and read its agents and worker ids, or forge a registration that
+-- silences that tenant's `submit` warning.
 CREATE TABLE IF NOT EXISTS wal_workers (
     tenant     text NOT NULL DEFAULT current_setting('wal.tenant'),
     worker_id  text NOT NULL,
@@ -1069,5 +1078,11 @@ ALTER TABLE wal_workers ENABLE ROW LEVEL SECURITY;
 ALTER TABLE wal_workers FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS wal_tenant_isolation ON wal_workers;
 CREATE POLICY wal_tenant_isolation ON wal_workers
-    USING (tenant = current_setting('wal.tenant', true))
-    WITH CHECK (tenant = current_setting('wal.tenant', true));
+    USING (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())))
+    WITH CHECK (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())));

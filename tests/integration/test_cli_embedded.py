@@ -48,6 +48,9 @@ def test_each_project_has_its_own_data_directory(tmp_path: Path) -> None:
     printed = _cli("embedded", "path", cwd=one / "src", env=_env())
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.strip() == str(first)
+    never = _cli("embedded", "status", cwd=two, env=_env())
+    assert never.stdout.strip() == \
+        f"{second}: not running; no project recorded yet [this project's]"
 
 
 def test_status_and_stop_and_a_stale_project(tmp_path: Path, data_dir: Path) -> None:

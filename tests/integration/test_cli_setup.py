@@ -7,9 +7,12 @@ import base64
 import urllib.parse
 
 import asyncpg
+import pytest
 
 from tests.integration.test_cli_agents import cli, lines, one_error_line
-from wal_engine.security.roles import InsecureSetup
+from wal_engine.engine import connect
+from wal_engine.errors import TenantRoleRefused
+from wal_engine.security.roles import InsecureSetup, dsn_for_role
 from wal_engine.security.tenants import scram_verifier
 from wal_engine.store.connection import SCHEMA_VERSION
 
@@ -92,3 +95,30 @@ def test_refusal_names_the_cli_flag_and_the_variable() -> None:
     message = str(InsecureSetup("postgres", ["it is a superuser"]))
     assert "--development" in message and "WAL_ENGINE_DEVELOPMENT=1" in message
     assert "wal-engine setup --dsn ADMIN_DSN" in message
+
+
+async def test_a_role_without_the_engines_privileges_is_told_to_run_setup(
+        database_dsn: str) -> None:
+    """The first hour's symptom: schema migrated as a superuser, then a login role made by
+    hand. connect() raises a typed error (not the driver's permission error) and the CLI
+    says to run `wal-engine setup`."""
+    role = "walt_handmade_" + database_dsn.rsplit("/", 1)[1][-12:]
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    finally:
+        await admin.close()
+    dsn = dsn_for_role(database_dsn, role)
+    try:
+        with pytest.raises(TenantRoleRefused, match="wal-engine setup --dsn ADMIN_DSN") as raised:
+            await connect(dsn, migrate=False)
+        assert raised.value.role == role
+        listed = await cli("tasks", "--dsn", dsn)
+        assert listed.exit_code == 4
+        assert "run `wal-engine setup --dsn ADMIN_DSN`" in one_error_line(listed)
+    finally:
+        admin = await asyncpg.connect(database_dsn)
+        try:
+            await admin.execute(f'DROP ROLE "{role}"')
+        finally:
+            await admin.close()

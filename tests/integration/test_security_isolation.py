@@ -33,6 +33,7 @@ from wal_engine.effects.gateway import Claim
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseUnavailable, InvalidInput, TenantRoleRefused
 from wal_engine.observability import logs
+from wal_engine.runtime.registry import record_worker
 from wal_engine.runtime.resume import resume, save_snapshot
 from wal_engine.security.roles import APP_ROLE, OWNER_ROLE, InsecureSetup
 from wal_engine.security.tenants import (
@@ -54,7 +55,7 @@ INSUFFICIENT_PRIVILEGE = "42501"
 deadline_s = 30.0
 
 TENANT_TABLES = ("wal_tasks", "wal_events", "wal_snapshots", "wal_snapshot_segments",
-                 "wal_idempotency", "wal_signals", "wal_tenants")
+                 "wal_idempotency", "wal_signals", "wal_tenants", "wal_workers")
 LOCK_MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE",
               "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE")
 HARMLESS_LOCK_MODES = {"ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE"}
@@ -72,6 +73,7 @@ A_ROWS = {
     "wal_idempotency": "SELECT * FROM wal_idempotency WHERE tenant = $1 ORDER BY key",
     "wal_signals": "SELECT * FROM wal_signals WHERE tenant = $1 ORDER BY signal_id",
     "wal_tenants": "SELECT * FROM wal_tenants WHERE tenant = $1",
+    "wal_workers": "SELECT * FROM wal_workers WHERE tenant = $1 ORDER BY worker_id",
     "wal_tenant_roles": "SELECT * FROM wal_tenant_roles WHERE tenant = $1",
 }
 
@@ -138,6 +140,7 @@ async def _populate_a(a: Engine, admin_dsn: str) -> None:
                                    task_id="a-task"), effect)
     assert await save_snapshot(a.database, await resume(a.store, "a-task"))
     await a.database.fetch("SELECT * FROM wal_add_llm_spend(0.25)")
+    await record_worker(a.database, "worker-a", ["echo"])
     admin = await asyncpg.connect(admin_dsn)
     try:
         await admin.execute("UPDATE wal_tenants SET tasks_max = 50, llm_spend_max_usd = 2"
@@ -190,6 +193,10 @@ async def _attack_as_b(connection: asyncpg.Connection) -> dict[str, Any]:
                        " decode(repeat('00', 32), 'hex'))",
         "update task": "UPDATE wal_tasks SET status = 'COMPLETED' WHERE task_id = 'a-task'",
         "update key": "UPDATE wal_idempotency SET state = 'failed' WHERE key = 'k1'",
+        # Worker registrations: a forged one would silence `submit`'s warning for A.
+        "insert worker": "INSERT INTO wal_workers (tenant, worker_id, agents)"
+                         " VALUES ('tenant-a', 'evil', '{fake}')",
+        "update worker": "UPDATE wal_workers SET agents = '{fake}' WHERE worker_id = 'worker-a'",
         "map to A": "INSERT INTO wal_tenant_roles (role_name, tenant)"
                     " VALUES ('evil', 'tenant-a')",
         "remap self": "UPDATE wal_tenant_roles SET tenant = 'tenant-a'",
@@ -215,12 +222,12 @@ def _unexpected(found: dict[str, Any]) -> dict[str, Any]:
                                                                "wal_events_json")}
     allowed.update({"read heads": {0}, "claim": {0}, "break leases": {0},
                     "signal": {"WE004"}, "cancel": {"WE004"},
-                    "update task": {None}, "update key": {None}})
+                    "update task": {None}, "update key": {None}, "update worker": {None}})
     for name in ("spend", "delete snapshots", "release key", "save snapshot",
                  "insert event (default tenant)"):
         allowed[name] = NOTHING_OR_REFUSED
-    for name in ("insert event", "insert task", "map to A", "remap self", "spend as owner",
-                 "cap as owner"):
+    for name in ("insert event", "insert task", "insert worker", "map to A", "remap self",
+                 "spend as owner", "cap as owner"):
         allowed[name] = REFUSED
     return {name: value for name, value in found.items() if value not in allowed[name]}
 
@@ -271,6 +278,29 @@ async def test_s11_naming_another_tenant_shows_and_changes_nothing(
         {switch: {} for switch in outcomes}
     assert await _rows_of_a(admin_dsn) == before
     await _a_still_works(a)
+
+
+async def test_the_audit_view_shows_a_tenants_role_its_own_events(
+        tenants: tuple[Engine, Engine], tenant_roles: TenantRoles) -> None:
+    """wal_events_json as documented: A's role auditing in psql (no setting) sees A's
+    events; a superuser sees none until it names a tenant by SET wal.tenant."""
+    connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_A))
+    try:
+        assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") is None
+        own = await connection.fetchval("SELECT count(*) FROM wal_events")
+        assert own > 0
+        assert await connection.fetchval("SELECT count(*) FROM wal_events_json") == own
+        assert await connection.fetchval(
+            "SELECT count(*) FROM wal_events_json WHERE tenant <> $1", TENANT_A) == 0
+    finally:
+        await connection.close()
+    admin = await asyncpg.connect(tenant_roles.admin_dsn)
+    try:
+        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == 0
+        await admin.execute(f"SET wal.tenant = '{TENANT_A}'")
+        assert await admin.fetchval("SELECT count(*) FROM wal_events_json") == own
+    finally:
+        await admin.close()
 
 
 async def test_s4_every_sql_function_keeps_to_the_callers_tenant(

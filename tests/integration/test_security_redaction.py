@@ -252,3 +252,32 @@ async def test_redaction_can_be_turned_off(database_dsn: str) -> None:
         await engine.close()
     assert PASSWORD.encode() in first.payload
     assert _hits(_pg_dump(database_dsn), [PASSWORD]) == {PASSWORD: 1}
+
+
+async def test_code_gets_the_placeholder_live_as_on_replay(engine: Engine) -> None:
+    """What the README says where signals and tools are introduced: a `token` field of a
+    signal payload or of a tool's result reaches the agent as the placeholder on the first
+    run (not only after a resume), while the tool itself gets the arguments it was called
+    with (the intent records the placeholder)."""
+    seen: dict[str, Any] = {}
+
+    async def charge(args: dict[str, Any]) -> dict[str, Any]:
+        seen["tool"] = dict(args)
+        return {"charged": args["cents"], "token": "receipt-token"}
+
+    @engine.agent("pays")
+    async def pays(ctx: AgentContext, task_input: Any) -> Any:
+        seen["signal"] = await ctx.wait_for_signal("manager_ok", timeout_s=60)
+        seen["result"] = await ctx.tool("charge", charge, {"cents": 5, "api_key": "k-123"})
+        return None
+
+    task_id = await engine.submit("pays", None)
+    await engine.worker(poll_ms=20).run(until_idle=True)
+    await engine.signal(task_id, "manager_ok", {"ok": True, "token": "abc"})
+    await engine.worker(poll_ms=20).run(until_idle=True)
+    assert (await engine.state(task_id)).status == Status.COMPLETED
+    assert seen == {"signal": {"ok": True, "token": REDACTED},
+                    "tool": {"cents": 5, "api_key": "k-123"},
+                    "result": {"charged": 5, "token": REDACTED}}
+    (intent,) = [e for e in await engine.history(task_id) if e.type == "tool_call_intended"]
+    assert b"k-123" not in intent.payload

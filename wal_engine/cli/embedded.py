@@ -59,9 +59,9 @@ def _describe(item: ServerStatus) -> str:
         notes.append(f"stale: its project {item.project} no longer exists")
     if item.foreign_binaries:
         notes.append(f"foreign: started by other binaries ({item.foreign_binaries})")
-    project = item.project or "no project recorded"
+    project = f"project {item.project}" if item.project else "no project recorded yet"
     extra = f" [{'; '.join(notes)}]" if notes else ""
-    return f"{item.data_dir}: {state}; project {project}{extra}"
+    return f"{item.data_dir}: {state}; {project}{extra}"
 
 
 @embedded.command()

@@ -61,6 +61,15 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
 @click.option("--recovery-attempts-max", type=click.IntRange(1), default=None,
               help="Claims of a task whose runs were lost before it is dead-lettered "
                    "(default 20).")
+@click.option("--sync-threads", type=click.IntRange(0), default=None,
+              help="Threads running plain `def` tools and LLM functions (default 0: the "
+                   "concurrency plus 4).")
+@click.option("--stall-warn-ms", type=click.IntRange(1), default=None,
+              help="An event loop stalled this long is logged with the code it is stuck in "
+                   "(default 1000).")
+@click.option("--stall-abandon-ms", type=click.IntRange(1), default=None,
+              help="An event loop stalled this long stops renewing its leases, so other "
+                   "workers take its tasks over; at least the lease TTL (default 600000).")
 @click.option("--until-idle", is_flag=True,
               help="Return once no task is running and none is due.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
@@ -73,13 +82,17 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
 def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
            heartbeat_ms: int | None, poll_ms: int | None, sweep_ms: int | None,
            drain_timeout_s: float | None, recovery_attempts_max: int | None,
+           sync_threads: int | None, stall_warn_ms: int | None, stall_abandon_ms: int | None,
            until_idle: bool, metrics_port: int | None, metrics_addr: str,
            dsn: str | None) -> None:
     """Run a worker for the agents of MODULE:ATTR until SIGTERM (then hand tasks back)."""
     timings = {name: value for name, value in (("lease_ttl_ms", lease_ttl_ms),
                                                ("heartbeat_ms", heartbeat_ms),
                                                ("poll_ms", poll_ms), ("sweep_ms", sweep_ms),
-                                               ("drain_timeout_s", drain_timeout_s))
+                                               ("drain_timeout_s", drain_timeout_s),
+                                               ("sync_threads", sync_threads),
+                                               ("stall_warn_ms", stall_warn_ms),
+                                               ("stall_abandon_ms", stall_abandon_ms))
                if value is not None}
     engine_options = ({} if recovery_attempts_max is None
                       else {"recovery_attempts_max": recovery_attempts_max})

@@ -1,9 +1,11 @@
 """Which agents workers serve: an advisory record in ``wal_workers`` (schema.sql, section
 "Worker registrations").
 
-A worker started by ``wal-engine worker`` records its id and agents when it starts;
-``wal-engine submit`` reads the recent records to warn about a task that no worker would
-claim (an agent name misspelt, or its worker not deployed). Nothing claims through it: a
+A worker (``wal-engine worker`` or ``engine.worker().run()``) records its id and agents when
+it starts and again every ``refresh_every_s_default`` while it runs, so a worker that has
+served for days still counts as recent; ``wal-engine submit`` reads the recent records to
+warn about a task that no worker would claim (an agent name misspelt, or its worker not
+deployed). Nothing claims through it: a
 worker that never registered still runs every task of its agents.
 """
 
@@ -18,6 +20,10 @@ from wal_engine.store import Database
 recent_window_s_default: Final = 86_400
 """How far back ``submit`` looks for registrations (a day)."""
 workers_read_max: Final = 500
+refresh_every_s_default: Final = 3_600.0
+"""How often a running worker records its agents again: well inside ``recent_window_s_default``
+(registered only at start, a worker running for more than a day made ``submit`` warn that
+no worker served its agents)."""
 
 RECORD_WORKER: Final = """
 INSERT INTO wal_workers (tenant, worker_id, agents, seen_at)

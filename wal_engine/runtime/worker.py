@@ -48,7 +48,11 @@ from wal_engine.observability.logs import get_logger
 from wal_engine.retries import CLAIM_RETRY, RECONNECT_RETRY, retrying
 from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.runtime.ports import AgentRegistry, RunServices
-from wal_engine.runtime.registry import record_worker, runnable_versions
+from wal_engine.runtime.registry import (
+    record_worker,
+    refresh_every_s_default,
+    runnable_versions,
+)
 from wal_engine.runtime.run import TaskRun
 from wal_engine.store import queries
 from wal_engine.store.connection import (
@@ -135,6 +139,7 @@ class Worker:
         self._run_tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(worker_id=self.worker_id)
         self.claimed = 0
+        self.registration_every_s = refresh_every_s_default
         self.keeper = LeaseKeeper(
             dsn=services.database.dsn,
             session_settings=services.database.session_settings(
@@ -176,6 +181,7 @@ class Worker:
         loops = [
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._listen_loop(), name="listen"),
+            asyncio.create_task(self._register_loop(), name="register"),
         ]
         self.log.info("worker_started", concurrency=self.config.concurrency)
         try:
@@ -207,6 +213,13 @@ class Worker:
             await record_worker(self.services.database, self.worker_id, self.agents)
         except (*UNAVAILABLE_ERRORS, DatabaseError) as error:
             self.log.warning("worker_registration_failed", error=repr(error))
+
+    async def _register_loop(self) -> None:
+        """Record the agents again every ``registration_every_s`` (the registration is
+        read as recent for a day only; agents registered since the start are included)."""
+        while True:
+            await asyncio.sleep(self.registration_every_s)
+            await self._register()
 
     async def _drain(self) -> None:
         if not self._run_tasks:

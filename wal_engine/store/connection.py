@@ -316,9 +316,13 @@ class Database:
             report = await enforce_runtime_role(
                 first, development=development, embedded_dsn=embedded_dsn,
                 require_synchronous_commit=False, required=required)
-            chosen = await _tenant_of_role(first, report, requested)
-            await _prepare_database(first, resolved, migrate, report.may_administer,
-                                    require_synchronous_commit)
+            try:
+                chosen = await _tenant_of_role(first, report, requested)
+                await _prepare_database(first, resolved, migrate, report.may_administer,
+                                        require_synchronous_commit)
+            except asyncpg.InsufficientPrivilegeError as error:
+                raise TenantRoleRefused(report.role, no_privileges(report.role, error)
+                                        ) from error
         finally:
             await first.close()
         try:
@@ -435,6 +439,15 @@ class Database:
         """Like :meth:`fetch` for at most one row."""
         rows = await self.fetch(query, *args, task_id=task_id)
         return rows[0] if rows else None
+
+
+def no_privileges(role: str, error: BaseException) -> str:
+    """Why a role that PostgreSQL refuses the engine's tables cannot run the engine, and
+    what to run (a role made by hand, or a database migrated without ``security.sql``)."""
+    return (f"role {role!r} lacks the engine's privileges on this database ({error}): the "
+            "schema was applied without its roles, or this role is not one `wal-engine "
+            "setup` made; run `wal-engine setup --dsn ADMIN_DSN` as a superuser and connect "
+            "with the DSN it prints (docs/security.md)")
 
 
 def _never(_error: BaseException) -> bool:

@@ -178,15 +178,17 @@ else:
 
 
 @pytest.fixture
-def wal_crash_machine(wal_database_factory: DatabaseFactory
-                      ) -> Callable[..., MachineStats]:
+def wal_crash_machine(request: pytest.FixtureRequest) -> Callable[..., MachineStats]:
     """``run(AgentUnderTest(...), profile=None)``: the crash machine on fresh databases.
 
     Use it from a synchronous test: the machine runs its own event loop per program.
+    Without Hypothesis it fails at once, before a PostgreSQL server is started for it.
     """
     if not _installed("hypothesis"):
         raise _missing("wal_crash_machine", "hypothesis")
     from wal_engine.testing.machine import run_crash_machine
+
+    wal_database_factory: DatabaseFactory = request.getfixturevalue("wal_database_factory")
 
     def run(config: AgentUnderTest, profile: str | None = None) -> MachineStats:
         stats = run_crash_machine(config, wal_database_factory, profile=profile)
