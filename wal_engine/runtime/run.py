@@ -437,6 +437,10 @@ class TaskRun:
                             self.services.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.services.store.payload_bytes_max)
                    for e in events]
+        # From here on the run holds the events as the log holds them (decoded from their
+        # stored bytes), so that live code sees what a replay or a resume sees: keys in
+        # stored (sorted) order, tuples as lists (decision 60).
+        events = [ev.decode_event(kind, version, payload) for kind, version, payload in encoded]
         assert self.builder is not None
         for event in events:
             self.builder.apply(event)
