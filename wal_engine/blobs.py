@@ -41,9 +41,10 @@ zstd_level: Final = 3
 """zstd level of chunks (the snapshot segments' level: fast, and as good as level 9 on
 base64 and JSON text within a few percent)."""
 
-INLINE_FIELDS: Final = frozenset({"metadata"})
-"""Fields never moved out of the row: a LangGraph checkpoint's metadata is filtered by SQL
-(``convert_from(payload)::jsonb -> 'metadata'``)."""
+INLINE_FIELDS: Final = frozenset({"metadata", "checkpoint", "refs", "big_ints"})
+"""Fields never moved out of the row: a LangGraph checkpoint's skeleton. Its metadata is
+filtered by SQL (``convert_from(payload)::jsonb -> 'metadata'``), and rebuilding the
+saver's index reads the skeleton alone (:func:`skeleton`)."""
 
 _sort: Final = orjson.OPT_SORT_KEYS
 
@@ -132,6 +133,16 @@ def expand(row_payload: bytes, values: Mapping[bytes, bytes]) -> bytes:
     refs = fields.pop(BLOB_KEY)
     for name, ref in refs.items():
         fields[name] = orjson.Fragment(values[bytes.fromhex(ref["sha256"])])
+    return orjson.dumps(fields, option=_sort)
+
+
+def skeleton(row_payload: bytes) -> bytes:
+    """The row without its blob references: the fields that left it are absent (decoding
+    gives them their defaults). For readers that need only the inline fields."""
+    if not row_payload.startswith(ROW_PREFIX):
+        return row_payload
+    fields = orjson.loads(row_payload)
+    fields.pop(BLOB_KEY, None)
     return orjson.dumps(fields, option=_sort)
 
 

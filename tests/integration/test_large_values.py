@@ -202,3 +202,53 @@ async def test_the_per_task_counter_counts_stored_bytes(store: Store) -> None:
     counted = await store.database.fetch(
         "SELECT blob_bytes FROM wal_tasks WHERE task_id = 'counted'")
     assert counted[0]["blob_bytes"] == stored > 0
+
+
+# ----------------------------------------------------------------------------- LangGraph
+
+
+async def test_a_langgraph_thread_over_one_mib_stores_and_loads(store: Store) -> None:
+    """The user's report (issue 21): a tool returning 600 KiB of incompressible text, twice
+    in ``messages``: the second checkpoint holds 1.2 MB of history and must store, load and
+    verify (before large values it failed with PayloadTooLarge on every retry)."""
+    pytest.importorskip("langgraph.graph")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from wal_engine.integrations.langgraph import WalCheckpointSaver, thread_task_id
+
+    saver = WalCheckpointSaver(store, worker_id="saver-big")
+    await saver.setup()
+    images = [incompressible_text(600 * 1024), incompressible_text(600 * 1024)]
+
+    def tool_node(state: MessagesState) -> dict[str, Any]:
+        turn = sum(1 for message in state["messages"] if isinstance(message, ToolMessage))
+        return {"messages": [ToolMessage(content=images[turn % 2], tool_call_id=f"call-{turn}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("tool", tool_node)
+    builder.add_edge(START, "tool")
+    graph = builder.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "big-thread"}}
+    for turn in range(2):
+        await graph.ainvoke({"messages": [HumanMessage(content=f"turn {turn}")]}, config)
+    state = await graph.aget_state(config)
+    tool_texts = [m.content for m in state.values["messages"] if isinstance(m, ToolMessage)]
+    assert tool_texts == images
+    history = [snapshot async for snapshot in graph.aget_state_history(config)]
+    assert len(history) >= 4
+    task_id = thread_task_id("big-thread")
+    assert (await store.verify_task(task_id)).ok
+    rows = await store.database.fetch(
+        "SELECT max(octet_length(payload)) AS row_max FROM wal_events WHERE task_id = $1",
+        task_id)
+    assert rows[0]["row_max"] < 64 * 1024
+    assert await _blob_rows(store.database, task_id)
+    # A fresh saver (no cache of channel maps) reads the thread back from the log alone.
+    fresh = WalCheckpointSaver(store, worker_id="saver-fresh")
+    again = builder.compile(checkpointer=fresh)
+    state = await again.aget_state(config)
+    assert [m.content for m in state.values["messages"]
+            if isinstance(m, ToolMessage)] == images
+    assert await fresh.rebuild_index("big-thread") > 0
+    await again.ainvoke({"messages": [HumanMessage(content="turn 2")]}, config)
