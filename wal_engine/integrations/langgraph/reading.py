@@ -29,8 +29,8 @@ from langgraph.checkpoint.serde.types import TASKS
 from wal_engine import blobs
 from wal_engine import events as vocabulary
 from wal_engine.errors import CorruptionError
-from wal_engine.store.blob_reads import expand_payloads
 from wal_engine.integrations.langgraph.codec import ValueCodec, restore_big_ints, version_key
+from wal_engine.store.blob_reads import expand_payloads
 
 if TYPE_CHECKING:
     from wal_engine.store import Database
