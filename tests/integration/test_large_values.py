@@ -252,3 +252,79 @@ async def test_a_langgraph_thread_over_one_mib_stores_and_loads(store: Store) ->
             if isinstance(m, ToolMessage)] == images
     assert await fresh.rebuild_index("big-thread") > 0
     await again.ainvoke({"messages": [HumanMessage(content="turn 2")]}, config)
+
+
+# ----------------------------------------------------------------------------- ctx.tool
+
+
+async def test_a_tool_returning_5_mib_is_stored_and_replayed_after_resume(
+        engine: Any) -> None:
+    """ctx.tool returns 5 MiB of base64 of random bytes (an image): stored in wal_blobs,
+    the task sleeps durably, and the worker that resumes it gets the same value from the
+    log (the tool does not run again); a replay of the history agrees."""
+    from wal_engine.runtime.context import AgentContext
+    from wal_engine.runtime.replayer import check_history
+    from wal_engine.state_machine import Status
+
+    from .test_runtime import drive
+
+    image = incompressible_text(FIVE_MIB)
+    ran = {"n": 0}
+    seen: list[str] = []
+
+    async def screenshot(_: Any) -> dict[str, Any]:
+        ran["n"] += 1
+        return {"png": image, "width": 1920}
+
+    @engine.agent("shots")
+    async def shots(ctx: AgentContext, _: Any) -> Any:
+        shot = await ctx.tool("screenshot", screenshot, {"url": "https://example.test"})
+        seen.append(hashlib.sha256(shot["png"].encode()).hexdigest())
+        await ctx.sleep(0.2)  # Suspends: the next run resumes from the log.
+        return {"length": len(shot["png"]), "keys": list(shot)}
+
+    task_id = await engine.submit("shots")
+    # The default lease (not the tests' 600 ms): redacting 5 MiB holds the GIL for up to a
+    # second on this shared machine, longer than the fast lease (see decision 60).
+    state = await drive(engine, task_id, lease_ttl_ms=10_000, heartbeat_ms=1_000)
+    assert state.status is Status.COMPLETED, state.failure
+    assert state.output == {"length": FIVE_MIB, "keys": ["png", "width"]}
+    assert ran["n"] == 1, [(r.seq, r.type) for r in await engine.history(task_id)]
+    expected = hashlib.sha256(image.encode()).hexdigest()
+    assert len(seen) == 2 and set(seen) == {expected}
+    assert (await engine.store.verify_task(task_id)).ok
+    report = await check_history(engine, task_id)
+    assert report.ok and report.output_matches
+    stored = await _blob_rows(engine.database, task_id)
+    assert len(stored) == 6 and sum(row["stored"] for row in stored) < FIVE_MIB
+
+
+async def test_tenant_b_cannot_read_tenant_a_blobs(tenant_roles: Any) -> None:
+    """Row security covers wal_blobs: tenant B's role sees none of tenant A's chunks, even
+    by digest, and cannot write a chunk under tenant A."""
+    from wal_engine.engine import connect
+
+    first = await connect(await tenant_roles.dsn("a"), migrate=False, development=False)
+    second = await connect(await tenant_roles.dsn("b"), migrate=False, development=False)
+    try:
+        head, _ = await first.store.create_task("secret-doc", "agent")
+        await claim(first.database)
+        head = await first.store.read_head("secret-doc")
+        text = incompressible_text(200_000)
+        await first.store.append_events("secret-doc", result_events(text),
+                                        **head_args(head, 1))
+        digests = [bytes(row["digest"]) for row in await first.database.fetch(
+            "SELECT digest FROM wal_blobs")]
+        assert digests
+        assert await second.database.fetch("SELECT * FROM wal_blobs") == []
+        assert await second.database.fetch(
+            "SELECT * FROM wal_blobs WHERE digest = ANY($1::bytea[])", digests) == []
+        with pytest.raises(Exception):  # noqa: B017 - the policy's WITH CHECK refuses it
+            await second.database.fetch(
+                "INSERT INTO wal_blobs (tenant, task_id, digest, ordinal, value_bytes, data) "
+                "VALUES ('a', 'secret-doc', $1, 9, 10485760, '\\x00')", digests[0])
+        history = await first.store.history("secret-doc")
+        assert history[-1].decode().result == text  # type: ignore[attr-defined]
+    finally:
+        await first.close()
+        await second.close()
