@@ -1085,7 +1085,8 @@ CREATE OR REPLACE TRIGGER wal_tasks_budget
     FOR EACH ROW EXECUTE FUNCTION wal_check_budget();
 -- ======================================================== end of history and caps (issue 16)
 
-INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
+-- (Version 2 is recorded as version 3, below: a database records the newest version
+-- applied to it, and a database of version 2 keeps its row.)
 
 -- ================================================================ large values (version 3)
 -- Version 3 stores large values in wal_blobs (table above, decision 60). A database of

@@ -328,3 +328,52 @@ async def test_tenant_b_cannot_read_tenant_a_blobs(tenant_roles: Any) -> None:
     finally:
         await first.close()
         await second.close()
+
+
+# ----------------------------------------------------------------------------- migration
+
+
+async def test_a_version_2_database_is_migrated_to_version_3(database_factory: Any) -> None:
+    """A database of schema version 2 (no wal_blobs) gets the table, its triggers and the
+    per-task counter when the schema is applied; its tasks verify and continue, now with
+    large values; an engine refuses the database until then (SchemaMismatch)."""
+    import asyncpg
+
+    from wal_engine.errors import SchemaMismatch
+    from wal_engine.store.connection import SCHEMA_VERSION, apply_schema
+
+    dsn = await database_factory.create()
+    admin = await asyncpg.connect(dsn)
+    try:
+        database = await Database.open(dsn, migrate=False)
+        try:
+            store = Store(database)
+            head = await claimed_task(store, "old")
+            await store.append_events("old", [ev.MessageAppended(role="user", content="hi")],
+                                      **head_args(head, 1))
+        finally:
+            await database.close()
+        # Back to version 2: what version 3 added, removed.
+        await admin.execute("DROP TABLE wal_blobs CASCADE")
+        await admin.execute("DROP FUNCTION wal_count_blob_bytes() CASCADE")
+        await admin.execute("ALTER TABLE wal_tasks DROP COLUMN blob_bytes")
+        await admin.execute("UPDATE wal_schema_version SET version = 2, checksum = 'v2'")
+        with pytest.raises(SchemaMismatch):
+            await Database.open(dsn, migrate=False)
+        assert await apply_schema(admin) is True
+        assert await admin.fetchval("SELECT max(version) FROM wal_schema_version") == \
+            SCHEMA_VERSION == 3
+        assert await apply_schema(admin) is False  # Applied: nothing to do the second time.
+    finally:
+        await admin.close()
+    database = await Database.open(dsn, migrate=False)
+    try:
+        store = Store(database)
+        assert (await store.verify_task("old")).ok
+        head = await store.read_head("old")
+        value = incompressible_text(500_000)
+        await store.append_events("old", result_events(value), **head_args(head, 1))
+        assert (await store.history("old"))[-1].decode().result == value  # type: ignore[attr-defined]
+        assert (await store.verify_task("old")).ok
+    finally:
+        await database.close()
