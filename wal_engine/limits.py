@@ -32,6 +32,11 @@ blob_bytes_per_task_max: Final = 4 * 1024 * 1024 * 1024
 """The database's cap on the stored (compressed) bytes of one task's large values (4 GiB;
 the trigger ``wal_count_blob_bytes`` of ``schema.sql``)."""
 
+blob_page_value_bytes_max: Final = 128 * 1024 * 1024
+"""Most bytes of large values one page of a history read puts back (a page ends early at
+the event that would pass it, but holds at least one event): a streamed read of a history
+holds at most this much of its large values, plus one value, at a time."""
+
 blob_read_page_chunks: Final = 8
 """Chunks fetched per round trip when large values are read back (at most 8 MiB of
 compressed data in flight)."""

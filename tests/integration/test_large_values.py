@@ -377,3 +377,22 @@ async def test_a_version_2_database_is_migrated_to_version_3(database_factory: A
         assert (await store.verify_task("old")).ok
     finally:
         await database.close()
+
+
+async def test_a_streamed_history_holds_a_bounded_share_of_large_values(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of a history read puts back at most ``blob_page_value_bytes_max`` bytes of
+    large values (here 300 kB): it ends early, and the stream goes on after it."""
+    head = await claimed_task(store, "paged")
+    values = [incompressible_text(200_000) for _ in range(4)]
+    for index, value in enumerate(values):
+        head = await store.append_events("paged", result_events(value, f"c{index}"),
+                                         **head_args(head, 1))
+    monkeypatch.setattr(limits, "blob_page_value_bytes_max", 300_000)
+    page = await store.read_events("paged")
+    assert page[-1].payload_cut and len(page) < 2 + 2 * len(values)
+    history = await store.history("paged")
+    assert [r.seq for r in history] == list(range(1, 3 + 2 * len(values)))
+    assert [r.decode().result for r in history  # type: ignore[attr-defined]
+            if r.type == "tool_call_completed"] == values
+    assert (await store.verify_task("paged")).ok

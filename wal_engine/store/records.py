@@ -32,6 +32,10 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The row's own bytes when they differ from ``payload`` (the event has large values in
     ``wal_blobs``, referenced by digest): what the chain hash covers."""
 
+    payload_cut: bool = False
+    """Set on the last record of a page of reads that ended early so that it would not
+    hold too many bytes of large values (``limits.blob_page_value_bytes_max``)."""
+
     @property
     def stored_payload(self) -> bytes:
         """The bytes of the row, the ones the hash covers."""

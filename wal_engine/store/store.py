@@ -531,7 +531,7 @@ class Store:
         )
         records = [record_from_row(row) for row in rows]
         if any(record.payload.startswith(blobs.ROW_PREFIX) for record in records):
-            return await self._with_values(task_id, records)
+            return await self._with_values(task_id, _within_value_budget(task_id, records))
         return records
 
     async def _with_values(self, task_id: str, records: list[EventRecord],
@@ -595,7 +595,7 @@ class Store:
             )
             for record in page:
                 yield record
-            if len(page) < page_events:
+            if not page or (len(page) < page_events and not page[-1].payload_cut):
                 return
             next_seq = page[-1].seq + 1
 
@@ -683,6 +683,22 @@ class Store:
                                                  detail=f"{row['events']} event(s) of a task "
                                                         f"that has no task row"))
                 for row in rows]
+
+
+def _within_value_budget(task_id: str, records: list[EventRecord]) -> list[EventRecord]:
+    """The longest prefix of a page whose large values hold at most
+    ``limits.blob_page_value_bytes_max`` bytes (at least one record); its last record is
+    marked ``payload_cut`` when the page was cut, so that a streamed read goes on after it."""
+    total = 0
+    for index, record in enumerate(records):
+        if record.payload.startswith(blobs.ROW_PREFIX):
+            total += sum(ref.value_bytes
+                         for ref in references_of(task_id, record.payload, record.seq))
+            if total > limits.blob_page_value_bytes_max and index > 0:
+                kept = records[:index]
+                kept[-1] = msgspec.structs.replace(kept[-1], payload_cut=True)
+                return kept
+    return records
 
 
 def _accepted(task_id: str, expected_seq: int, count: int, head_hash: bytes,
