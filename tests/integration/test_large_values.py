@@ -396,3 +396,26 @@ async def test_a_streamed_history_holds_a_bounded_share_of_large_values(
     assert [r.decode().result for r in history  # type: ignore[attr-defined]
             if r.type == "tool_call_completed"] == values
     assert (await store.verify_task("paged")).ok
+
+
+async def test_a_dumped_history_with_large_values_loads_and_verifies(
+        store: Store, database_factory: Any, tmp_path: Any) -> None:
+    """The testing plugin's history files hold large values whole; loading one rebuilds the
+    rows and chunks the hashes cover, so the loaded task verifies."""
+    from wal_engine.testing.replay import dump_history, insert_history, load_history, verify_history
+
+    head = await claimed_task(store, "dumped")
+    value = incompressible_text(300_000)
+    await store.append_events("dumped", result_events(value), **head_args(head, 1))
+    path = tmp_path / "history.jsonl"
+    dump_history(await store.history("dumped"), path)
+    records = load_history(path)
+    assert verify_history(records).ok
+    other = await Database.open(await database_factory.create(), migrate=False)
+    try:
+        await insert_history(other, records)
+        loaded = Store(other)
+        assert (await loaded.verify_task("dumped")).ok
+        assert (await loaded.history("dumped"))[-1].decode().result == value  # type: ignore[attr-defined]
+    finally:
+        await other.close()
