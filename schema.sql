@@ -1,5 +1,6 @@
--- wal-engine schema, version 2. Idempotent: applying it twice changes nothing. Version 2
--- added tenants (a database of version 1 is migrated in place, see "Tenancy" below).
+-- wal-engine schema, version 3. Idempotent: applying it twice changes nothing. Version 2
+-- added tenants (a database of version 1 is migrated in place, see "Tenancy" below);
+-- version 3 large values (wal_blobs; a database of version 2 is migrated in place).
 --
 -- Map of the database side
 -- ------------------------
@@ -22,6 +23,8 @@
 --                     rebuilt from wal_events.
 -- wal_snapshot_segments  immutable pieces of the growing collections of snapshots (task_id,
 --                     field, ordinal, digest) -> msgpack; shared by the task's snapshots.
+-- wal_blobs           large values of events, once per task: (task_id, digest, ordinal) ->
+--                     zstd chunk; referenced by digest from the event's payload. Append-only.
 -- wal_idempotency     the side-effect gateway: key -> state, result, owner, epoch, times.
 -- wal_signals         inbox of signals (webhooks, approvals) for tasks; consumption is
 --                     recorded in the log (signal_received events), so rows never change.
@@ -217,6 +220,38 @@ CREATE TABLE IF NOT EXISTS wal_snapshot_segments (
 ALTER TABLE wal_snapshot_segments ALTER COLUMN data SET STORAGE EXTERNAL;
 -- ---- end of segmented snapshots -----------------------------------------------------------
 
+-- ---- large values (version 3, docs/architecture.md decision 61) -------------------------
+-- A user value of an event longer than 64 KiB encoded (a tool result, an LLM response, a
+-- message, a task's input, a LangGraph checkpoint's channel values) is stored here once per
+-- task under the sha256 of its canonical JSON, in chunks of 1 MiB uncompressed, each one
+-- zstd frame compressed by the writer (so STORAGE EXTERNAL: no pglz attempt). The event's
+-- row holds {"$blobs": {field: {"bytes": n, "sha256": hex}}} in place of the value, so the
+-- chain hash covers the digest and `verify` checks the chunks against it (wal_engine/blobs.py).
+-- Chunks are written by the statement that appends their event (one round trip, one
+-- commit), fenced like it. Part of the log: rows are never changed nor deleted (triggers
+-- below), a task's chunks count against its 4 GiB (wal_count_blob_bytes), and a value
+-- holds at most 64 MiB (the engines' payload_bytes_ceiling).
+CREATE TABLE IF NOT EXISTS wal_blobs (
+    tenant      text NOT NULL DEFAULT current_setting('wal.tenant')
+                CONSTRAINT wal_blobs_tenant_format CHECK (length(tenant) BETWEEN 1 AND 64),
+    task_id     text NOT NULL,
+    digest      bytea NOT NULL,
+    ordinal     integer NOT NULL,
+    value_bytes bigint NOT NULL,
+    data        bytea NOT NULL,
+    CONSTRAINT wal_blobs_pkey PRIMARY KEY (tenant, task_id, digest, ordinal),
+    -- One check (one expression to rebuild per statement, decision 39): a sha256, a chunk
+    -- of a value of 1..64 MiB that starts inside it, a zstd frame of a 1 MiB chunk at most
+    -- (its worst-case expansion is far below the 64 KiB of slack).
+    CONSTRAINT wal_blobs_bounds CHECK (
+        octet_length(digest) = 32
+        AND value_bytes BETWEEN 1 AND 67108864
+        AND ordinal >= 0 AND ordinal::int8 * 1048576 < value_bytes
+        AND octet_length(data) BETWEEN 1 AND 1114112)
+);
+ALTER TABLE wal_blobs ALTER COLUMN data SET STORAGE EXTERNAL;
+-- ---- end of large values (the triggers are with the functions below) ---------------------
+
 CREATE TABLE IF NOT EXISTS wal_idempotency (
     tenant       text NOT NULL DEFAULT current_setting('wal.tenant')
                  CONSTRAINT wal_idempotency_tenant_format CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
@@ -405,7 +440,7 @@ DECLARE
 BEGIN
     FOREACH item IN ARRAY ARRAY['wal_tasks', 'wal_events', 'wal_snapshots',
                                 'wal_snapshot_segments', 'wal_idempotency', 'wal_signals',
-                                'wal_tenants'] LOOP
+                                'wal_tenants', 'wal_blobs'] LOOP
         EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
         EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
         EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
@@ -1056,7 +1091,66 @@ CREATE OR REPLACE TRIGGER wal_tasks_budget
     FOR EACH ROW EXECUTE FUNCTION wal_check_budget();
 -- ======================================================== end of history and caps (issue 16)
 
-INSERT INTO wal_schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
+-- (Version 2 is recorded as version 3, below: a database records the newest version
+-- applied to it, and a database of version 2 keeps its row.)
+
+-- ================================================================ large values (version 3)
+-- Version 3 stores large values in wal_blobs (table above, decision 61). A database of
+-- version 2 gets the table, these triggers and the per-task counter when this file is
+-- applied (`wal-engine migrate`, or any engine connecting as the owner); its rows need no
+-- change: a row without "$blobs" is read as before. An engine of version 2 refuses a
+-- database of version 3 (SchemaMismatch), since it would read a value moved to wal_blobs
+-- as missing.
+CREATE OR REPLACE TRIGGER wal_blobs_append_only
+    BEFORE UPDATE OR DELETE ON wal_blobs
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
+
+CREATE OR REPLACE TRIGGER wal_blobs_no_truncate
+    BEFORE TRUNCATE ON wal_blobs
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+
+-- Stored (compressed) bytes of the task's large values, kept by wal_count_blob_bytes.
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS blob_bytes bigint NOT NULL DEFAULT 0;
+
+-- Count the chunks a statement stored against their tasks' 4 GiB (WE008: a cap, DETAIL
+-- names it; raising undoes the statement: the event is not appended either). One UPDATE
+-- per statement, and only statements that store large values run it. Runs with the
+-- owner's rights (security.sql): the app role may not update the counter.
+CREATE OR REPLACE FUNCTION wal_count_blob_bytes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    over text;
+BEGIN
+    WITH added AS (
+        SELECT a.tenant, a.task_id, sum(octet_length(a.data)) AS bytes
+          FROM wal_new_blobs a GROUP BY a.tenant, a.task_id
+    ), counted AS (
+        UPDATE wal_tasks t SET blob_bytes = t.blob_bytes + added.bytes
+          FROM added WHERE t.tenant = added.tenant AND t.task_id = added.task_id
+        RETURNING t.task_id, t.blob_bytes
+    )
+    SELECT c.task_id INTO over FROM counted c WHERE c.blob_bytes > 4294967296 LIMIT 1;
+    IF over IS NOT NULL THEN
+        RAISE EXCEPTION 'task % holds its most large values (4 GiB stored)', over
+            USING ERRCODE = 'WE008', DETAIL = 'blob_bytes_per_task';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER wal_blobs_count
+    AFTER INSERT ON wal_blobs
+    REFERENCING NEW TABLE AS wal_new_blobs
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_count_blob_bytes();
+
+-- The counters of a migrated database (its tables are locked while the schema is applied).
+UPDATE wal_tasks t SET blob_bytes = b.bytes
+  FROM (SELECT tenant, task_id, sum(octet_length(data)) AS bytes FROM wal_blobs
+         GROUP BY tenant, task_id) AS b
+ WHERE t.tenant = b.tenant AND t.task_id = b.task_id AND t.blob_bytes <> b.bytes;
+
+INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
+-- ============================================================ end of large values (version 3)
 
 -- Worker registrations
 -- --------------------

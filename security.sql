@@ -39,6 +39,10 @@
 --   wal_snapshots                     SELECT, INSERT: derived data, pruned by
 --                                     wal_save_snapshot and wal_delete_snapshots.
 --   wal_snapshot_segments             SELECT, INSERT (likewise).
+--   wal_blobs                         SELECT, INSERT: large values, append-only like the
+--                                     log (triggers refuse UPDATE, DELETE, TRUNCATE); their
+--                                     per-task count is kept by wal_count_blob_bytes (a
+--                                     SECURITY DEFINER trigger).
 --   wal_tenant_roles                  SELECT (row security: its own row only).
 --   table-level UPDATE, DELETE,       none on any table: with one of them, LOCK TABLE
 --   TRUNCATE                          takes any mode (ACCESS EXCLUSIVE included) and could
@@ -161,6 +165,8 @@ BEGIN
     -- No table-level DELETE (nor UPDATE, TRUNCATE): see the map above, LOCK TABLE.
     EXECUTE format('GRANT SELECT, INSERT ON wal_snapshots TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_snapshot_segments TO %I', app_role);
+    -- Large values: written with their event, never changed (triggers of schema.sql).
+    EXECUTE format('GRANT SELECT, INSERT ON wal_blobs TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_idempotency TO %I', app_role);
     EXECUTE format('GRANT SELECT ON wal_tenant_roles TO %I', app_role);
     EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
@@ -175,13 +181,14 @@ BEGIN
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
                              'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend',
-                             'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key')
+                             'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key',
+                             'wal_count_blob_bytes')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',
                        item.signature, fixed_path);
-        -- The counting trigger runs on the app role's INSERT without its EXECUTE.
-        IF item.proname <> 'wal_count_task' THEN
+        -- The counting triggers run on the app role's INSERT without its EXECUTE.
+        IF item.proname NOT IN ('wal_count_task', 'wal_count_blob_bytes') THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
         END IF;
     END LOOP;

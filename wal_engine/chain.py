@@ -88,17 +88,20 @@ def event_hash_v2(
 def row_hash(prev_hash: bytes, row: ChainRow) -> bytes:
     """Recompute a stored row's hash under its own chain version."""
     version = getattr(row, "chain_version", 1)
+    # A row whose large values live in wal_blobs: the hash covers its own bytes (their
+    # digests), not the expanded payload.
+    payload = getattr(row, "row_payload", None) or row.payload
     if version == 2:
         recorded_at = getattr(row, "recorded_at", None)
         if recorded_at is None:
             return b""  # A version-2 row without its time cannot be checked: it fails.
         return event_hash_v2(prev_hash, row.task_id, row.seq, row.type, row.version,
                              row.epoch, recorded_at, getattr(row, "idempotency_key", None),
-                             row.payload)
+                             payload)
     if version != 1:
         return b""
     return event_hash(prev_hash, row.task_id, row.seq, row.type, row.version, row.epoch,
-                      row.payload)
+                      payload)
 
 
 class StoredEvent(Protocol):
@@ -136,7 +139,8 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
     """One of: gap, prev_hash, hash, epoch, unknown_type, transition, head; and, from the
     semantic checks (:mod:`wal_engine.verification`): after_terminal, semantics (the event
     is impossible where it stands, or its payload does not decode into its type), seq (a
-    row outside 1..head), orphan (events of a task with no task row)."""
+    row outside 1..head), orphan (events of a task with no task row); blob (a large value
+    the event refers to is missing, altered or malformed in ``wal_blobs``)."""
     detail: str
 
 

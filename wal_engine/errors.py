@@ -260,6 +260,17 @@ class CorruptionError(WalError):
     """Stored data breaks an invariant; never swallowed."""
 
 
+class BlobCorrupt(CorruptionError):
+    """A large value an event refers to (``wal_blobs``) is missing, altered or malformed."""
+
+    def __init__(self, task_id: str, seq: int | None, detail: str) -> None:
+        where = "" if seq is None else f" at seq {seq}"
+        super().__init__(f"task {task_id!r}{where}: {detail}")
+        self.task_id = task_id
+        self.seq = seq
+        self.detail = detail
+
+
 class UnknownEventType(CorruptionError):
     """A stored event of a type this code does not know."""
 

@@ -13,8 +13,33 @@ tenant_length_max: Final = 64
 name_length_max: Final = 200
 """Longest agent, tool, signal or event-type name."""
 
-payload_bytes_max: Final = 1024 * 1024
-"""Default cap on one event's encoded payload (1 MiB); configurable per engine."""
+payload_bytes_max: Final = 64 * 1024 * 1024
+"""Default cap on one event's encoded payload, large values included (64 MiB, the per-value
+limit of docs/architecture.md decision 61); configurable per engine, at most
+:data:`payload_bytes_ceiling`. The part stored in the ``wal_events`` row stays small: every
+value over :data:`blob_threshold_bytes` goes to ``wal_blobs`` (:mod:`wal_engine.blobs`)."""
+
+blob_threshold_bytes: Final = 64 * 1024
+"""A user value of an event (a tool result, an LLM response, a message, a task's input...)
+whose canonical encoding is longer than this is stored once per task in ``wal_blobs``,
+content-addressed, and the event's row holds its digest (decision 61)."""
+
+blob_chunk_bytes: Final = 1024 * 1024
+"""Uncompressed bytes of a large value per ``wal_blobs`` row (one zstd frame each): what a
+read or write holds of it at a time on the wire and in the database."""
+
+blob_bytes_per_task_max: Final = 4 * 1024 * 1024 * 1024
+"""The database's cap on the stored (compressed) bytes of one task's large values (4 GiB;
+the trigger ``wal_count_blob_bytes`` of ``schema.sql``)."""
+
+blob_page_value_bytes_max: Final = 128 * 1024 * 1024
+"""Most bytes of large values one page of a history read puts back (a page ends early at
+the event that would pass it, but holds at least one event): a streamed read of a history
+holds at most this much of its large values, plus one value, at a time."""
+
+blob_read_page_chunks: Final = 8
+"""Chunks fetched per round trip when large values are read back (at most 8 MiB of
+compressed data in flight)."""
 
 payload_depth_max: Final = 64
 """Deepest nesting of lists and objects accepted in a payload."""
@@ -38,9 +63,14 @@ events_per_task_ceiling: Final = 10_000_000
 ``schema.sql``), whatever an engine asks for: ``connect(events_per_task_max=...)`` may set
 a lower one, checked by the writer."""
 
-payload_bytes_ceiling: Final = 16 * 1024 * 1024
-"""The database's own cap on one event's payload (``wal_payload_bytes_max()``); an engine's
-``payload_bytes_max`` may not exceed it."""
+payload_bytes_ceiling: Final = 64 * 1024 * 1024
+"""The largest ``payload_bytes_max`` an engine may set (64 MiB): the database's own cap on
+one large value (a CHECK on ``wal_blobs.value_bytes``). The row part of an event is capped
+by the database at :data:`row_payload_bytes_ceiling`."""
+
+row_payload_bytes_ceiling: Final = 16 * 1024 * 1024
+"""The database's cap on the bytes of one ``wal_events.payload`` (the CHECK
+``wal_events_bounds``): the inline part of an event, its large values being in blobs."""
 
 epoch_max: Final = 2**31 - 1
 """Most lease epochs a task may go through (each claim, orphaning or cancellation takes one);

@@ -8,6 +8,8 @@ once per key), ``owners`` which workers reached it.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from typing import Any, Final
 
 from wal_engine.engine import Engine
@@ -31,6 +33,13 @@ ON CONFLICT (key) DO UPDATE SET deliveries = fault_effects.deliveries + 1,
 APPLIED: Final = "UPDATE fault_effects SET applied = applied + 1 WHERE key = $1"
 FLAG_SET: Final = "SELECT 1 FROM fault_flags WHERE name = $1"
 ZOMBIE_WORKER: Final = "zombie"
+
+
+def big_text(index: int, size: int) -> str:
+    """``size`` characters of base64 of pseudo-random bytes (an image): the same for the same
+    ``index`` in every process, incompressible beyond base64's own redundancy."""
+    raw = hashlib.shake_256(b"big-value-%d" % index).digest(size * 3 // 4 + 3)
+    return base64.b64encode(raw).decode()[:size]
 
 
 def register(engine: Engine) -> None:
@@ -71,6 +80,19 @@ def register(engine: Engine) -> None:
                                     {"i": i})
             await ctx.checkpoint(next_action=f"t{i + 1}")
         return total
+
+    @engine.agent("big_values")
+    async def big_values(ctx: AgentContext, task_input: Any) -> Any:
+        """Tools returning large values (decision 61): each result's digest as seen by the
+        code, live or replayed from the log after a crash."""
+        digests = []
+        for i in range(task_input.get("tools", 2)):
+            text = await ctx.tool(
+                f"b{i}", lambda a, i=i: effect(f"b{i}", big_text(i, task_input["bytes"])),
+                {"i": i})
+            digests.append(hashlib.sha256(text.encode()).hexdigest())
+            await ctx.checkpoint(next_action=f"b{i + 1}")
+        return digests
 
     async def hog(args: dict[str, Any]) -> Any:
         """A service whose first answer is huge (``mib`` MiB built in memory, then held),

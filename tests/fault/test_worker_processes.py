@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import signal
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from tests.fault.agents import ZOMBIE_WORKER
+from tests.fault.agents import ZOMBIE_WORKER, big_text
 from tests.fault.conftest import FaultHarness, wait_for
 from wal_engine.state_machine import TERMINAL, Status
 
@@ -151,3 +152,31 @@ async def test_sigterm_hands_the_task_back_and_exits_zero(harness: FaultHarness)
 
 async def _events(harness: FaultHarness, task_id: str, kind: str) -> bool:
     return any(r.type == kind for r in await harness.engine.history(task_id))
+
+
+async def test_large_results_survive_a_worker_killed_after_storing_one(
+        harness: FaultHarness) -> None:
+    """A worker SIGKILLed right after it committed a 5 MiB tool result (in wal_blobs): the
+    worker that takes the task over reads the value back from the log, the tool acts once,
+    and the code sees the same bytes on both sides of the crash (decision 61)."""
+    size = 5 * 1024 * 1024
+    task_id = await harness.engine.submit("big_values", {"tools": 2, "bytes": size})
+    # A lease of 4 s: redacting 5 MiB holds the GIL for up to a second on a loaded machine.
+    timings = {"lease_ttl_ms": 4_000, "heartbeat_ms": 500}
+    doomed = await harness.workers.spawn("doomed", failpoint="after_result_commit:1:sigkill",
+                                         **timings)
+    await wait_for(lambda: doomed.process.poll() is not None, "the SIGKILL", 60)
+    assert doomed.process.returncode == -signal.SIGKILL
+    await harness.workers.spawn("survivor", **timings)
+    await wait_for(lambda: _terminal(harness, task_id), "completion", 90)
+    state = await harness.engine.state(task_id)
+    assert state.status is Status.COMPLETED, state.failure
+    assert state.output == [hashlib.sha256(big_text(i, size).encode()).hexdigest()
+                            for i in range(2)]
+    rows = await harness.assert_effects_once_and_intended()
+    assert len(rows) == 2
+    assert (await harness.engine.store.verify_task(task_id)).ok
+    chunks = await harness.engine.database.fetch(
+        "SELECT count(*) AS n, count(DISTINCT digest) AS values FROM wal_blobs "
+        "WHERE task_id = $1", task_id)
+    assert chunks[0]["values"] == 2 and chunks[0]["n"] == 12

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from wal_engine import failpoints
+from wal_engine import failpoints, limits
 from wal_engine.engine import Engine
 from wal_engine.events import Budget
 from wal_engine.retries import PermanentError, RetryPolicy, TransientError
@@ -312,7 +312,8 @@ async def test_approval_must_name_the_exact_call(engine: Engine) -> None:
 
 @pytest.mark.parametrize(
     "result",
-    [math.nan, {"x": math.inf}, "nul\x00", "\ud800", "x" * (1024 * 1024 + 10)],
+    # Too large: over the 64 MiB a value may hold (decision 61; 1 MiB is stored).
+    [math.nan, {"x": math.inf}, "nul\x00", "\ud800", "x" * (limits.payload_bytes_max + 10)],
     ids=["nan", "inf", "nul", "surrogate", "too-large"],
 )
 async def test_unstorable_result_is_recorded_as_failure_not_looped(
@@ -335,7 +336,8 @@ async def test_unstorable_result_is_recorded_as_failure_not_looped(
     assert effects.calls["bad"] == 1
 
 
-@pytest.mark.parametrize("output", [math.nan, "o" * (1024 * 1024 + 10), {"x": "nul\x00"}],
+@pytest.mark.parametrize("output", [math.nan, "o" * (limits.payload_bytes_max + 10),
+                                    {"x": "nul\x00"}],
                          ids=["nan", "too-large", "nul"])
 async def test_unstorable_agent_output_fails_the_task_once(engine: Engine, output: Any) -> None:
     """An agent returning what the log cannot store fails with agent_error on its first

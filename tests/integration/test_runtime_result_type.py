@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from wal_engine import limits
 from wal_engine.engine import Engine
 from wal_engine.errors import ResultTypeError, ToolError
 from wal_engine.events import ToolCallFailed
@@ -202,11 +203,9 @@ def _nested(depth: int) -> Any:
 
 HOSTILE_RESULTS: dict[str, tuple[Any, Any, str]] = {
     "nested 2,000 deep": (_nested(2000), list[Any], "UnstorableResult"),
-    "5 MB string": ({"charge_id": "x" * 5_000_000, "amount_cents": 1}, Charge,
-                    "UnstorableResult"),
-    "200,000 extra keys": ({"charge_id": "c", "amount_cents": 1,
-                            **{f"k{i}": i for i in range(200_000)}}, Charge,
-                           "UnstorableResult"),
+    # Over the per-value limit of large values (64 MiB, decision 61); 5 MB is stored (below).
+    "a string over 64 MiB": ({"charge_id": "x" * (limits.payload_bytes_max + 1),
+                              "amount_cents": 1}, Charge, "UnstorableResult"),
     "integer of 400 digits": ({"charge_id": "c", "amount_cents": 10**400}, Charge,
                               "UnstorableResult"),
     "NaN for an int": ({"charge_id": "c", "amount_cents": float("nan")}, Charge,
@@ -243,3 +242,35 @@ async def test_a_hostile_result_is_a_typed_recorded_failure(engine: Engine, case
     assert failed[0].error_type == error_type and not failed[0].retryable
     assert (await engine.store.verify_task(task_id)).ok
     assert (await check_history(engine, task_id)).ok
+
+
+LARGE_RESULTS: dict[str, Any] = {
+    "5 MB string": {"charge_id": "x" * 5_000_000, "amount_cents": 1},
+    "200,000 extra keys": {"charge_id": "c", "amount_cents": 1,
+                           **{f"k{i}": i for i in range(200_000)}},
+}
+"""Results that a 1 MiB payload cap refused before large values (decision 61): now stored in
+wal_blobs and converted like any other, live and on replay."""
+
+
+@pytest.mark.parametrize("case", list(LARGE_RESULTS))
+async def test_a_large_result_is_stored_and_converted(engine: Engine, case: str) -> None:
+    value = LARGE_RESULTS[case]
+    acted = {"n": 0}
+
+    def api(_: Any) -> Any:
+        acted["n"] += 1
+        return value
+
+    @engine.agent("large")
+    async def large(ctx: AgentContext, _: Any) -> Any:
+        charge = await ctx.tool("api", api, None, idempotent=False, result_type=Charge)
+        return {"id_length": len(charge.charge_id), "amount": charge.amount_cents}
+
+    task_id = await engine.submit("large")
+    state = await drive(engine, task_id)
+    assert state.status is Status.COMPLETED and acted["n"] == 1
+    assert state.output == {"id_length": len(value["charge_id"]), "amount": 1}
+    assert (await engine.store.verify_task(task_id)).ok
+    report = await check_history(engine, task_id)
+    assert report.ok and report.output_matches

@@ -566,7 +566,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
                             "VALUES ('old-task', 'ping', '\\x7b7d', 'd')")
         assert await apply_schema(admin) is True
         assert await admin.fetchval("SELECT max(version) FROM wal_schema_version") == \
-            SCHEMA_VERSION == 2
+            SCHEMA_VERSION == 3
         keys = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype IN ('p', 'u') AND conrelid::regclass::text LIKE 'wal\\_%'")}
@@ -577,7 +577,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         checks = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
-        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 7, checks
+        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 8, checks
         # The log table has one CHECK only, its bounds (decision 39); the ones decision 28
         # dropped are gone, old ones included.
         assert await admin.fetchval("SELECT array_agg(conname) FROM pg_constraint"

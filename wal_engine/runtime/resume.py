@@ -51,8 +51,8 @@ from replay.snapshot import (
 )
 from replay.state import AgentState
 from replay.upcasting import UpcasterRegistry, upcasters
+from wal_engine import blobs, limits
 from wal_engine import events as vocabulary
-from wal_engine import limits
 from wal_engine.chain import GENESIS_HASH, event_hash
 from wal_engine.errors import (
     ForkPointInvalid,
@@ -64,6 +64,7 @@ from wal_engine.errors import (
 from wal_engine.ids import new_task_id, validate_task_id
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import Database, EventRecord, Store
+from wal_engine.store.blob_reads import expand_payloads
 
 resume_page_events: Final = 2000
 """Events fetched per round trip when a tail is folded (a bound on one statement)."""
@@ -163,6 +164,15 @@ WITH task AS (
                   $16::bytea[])
                WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash,
                                     ord)
+    RETURNING 1
+), blobs AS (
+    -- The parent's large values the copied rows refer to ($17), copied for the child: a
+    -- task's rows refer only to its own wal_blobs rows.
+    INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)
+    SELECT task.task_id, b.digest, b.ordinal, b.value_bytes, b.data
+      FROM task, wal_blobs b
+     WHERE b.tenant = current_setting('wal.tenant', true) AND b.task_id = $8
+       AND b.digest = ANY ($17::bytea[])
     RETURNING 1
 ), wake AS (
     SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
@@ -335,18 +345,27 @@ async def read_state(
     known = SnapshotSegments()
     start = _snapshot_state(task_id, head, rows[:first], known)
     builder = StateBuilder(start, task_id=task_id, registry=registry)
-    builder.extend(_decoded(items, registry))
+    builder.extend(_decoded(await _with_values(database, task_id, items), registry))
     folded, round_trips = len(items), 1
     head_seq: int = head["head_seq"]
     while len(items) == page_events and builder.last_seq < head_seq:
         items = await database.fetch(READ_TAIL, task_id, builder.last_seq, head_seq,
                                      page_events, task_id=task_id)
-        builder.extend(_decoded(items, registry))
+        builder.extend(_decoded(await _with_values(database, task_id, items), registry))
         folded, round_trips = folded + len(items), round_trips + 1
     state = builder.finish()
     _check_head(state, head)
     return ResumedState(state=state, snapshot_seq=None if start is None else start.last_seq,
                         events_folded=folded, round_trips=round_trips, segments=known)
+
+
+async def _with_values(database: Database, task_id: str, items: list[Any]) -> list[Any]:
+    """Rows of the tail with their large values put back (decision 61): the rows that
+    reference none are returned as they are, without a round trip."""
+    expanded = await expand_payloads(database, task_id, [row[3] for row in items])
+    if not expanded:
+        return items
+    return [(row[0], row[1], row[2], expanded.get(row[3], row[3]), row[4]) for row in items]
 
 
 def _seq_of(row: Any) -> int:
@@ -409,6 +428,8 @@ class _ChildHistory:
         self.prev_hashes: list[bytes] = []
         self.hashes: list[bytes] = []
         self.path: list[str] = []
+        self.blob_digests: list[bytes] = []
+        """Digests of the parent's large values the copied rows refer to (copied too)."""
         self.builder = StateBuilder(task_id=task_id)
 
     def add(self, kind: str, version: int, payload: bytes, key: str | None,
@@ -429,6 +450,9 @@ class _ChildHistory:
 
     def add_event(self, event: vocabulary.Event) -> None:
         kind, version, payload = vocabulary.encode_event(event)
+        # Split as the store splits: a large input is the parent's value, copied with it.
+        payload, chunks = blobs.split(payload)
+        self.blob_digests += [chunk.digest for chunk in chunks]
         self.add(kind, version, payload, getattr(event, "idempotency_key", None), event)
 
 
@@ -475,7 +499,10 @@ def _child_history(
     child.add_event(msgspec.structs.replace(submitted, parent_task_id=task_id, parent_seq=at_seq))
     for record in prefix[1:]:
         event = registry.decode_record(record.type, record.version, record.payload, record.seq)
-        child.add(record.type, record.version, record.payload, record.idempotency_key, event)
+        # The row's own bytes: its large values stay in wal_blobs, copied with the rows.
+        child.add(record.type, record.version, record.stored_payload, record.idempotency_key,
+                  event)
+        child.blob_digests += [ref.digest for ref in blobs.references(record.stored_payload)]
     status = child.builder.state().status
     if status in TERMINAL:
         raise ForkPointInvalid(task_id, at_seq, f"the task is {status} there; nothing follows")
@@ -496,7 +523,7 @@ async def _insert_child(database: Database, child: _ChildHistory, task_id: str,
         FORK_TASK, child.task_id, state.agent, state.status.value, child.path or None,
         state.last_seq, state.last_hash, budget.decode(), task_id, at_seq, state.attempts,
         child.types, child.versions, child.payloads, child.keys, child.prev_hashes,
-        child.hashes, task_id=child.task_id,
+        child.hashes, sorted(set(child.blob_digests)), task_id=child.task_id,
     )
     if row is None or row["events"] != len(child.types):
         raise TaskAlreadyExists(child.task_id)

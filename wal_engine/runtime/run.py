@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import math
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -29,6 +30,7 @@ from replay.journal import Journal
 from replay.snapshot import SnapshotSegments
 from replay.state import AgentState
 from wal_engine import events as ev
+from wal_engine import limits
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
 from wal_engine.errors import (
     AmbiguousCommit,
@@ -49,9 +51,11 @@ from wal_engine.runtime.hooks import HookEvent, call_hook
 from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
 from wal_engine.security.redaction import (
     Redactor,
+    no_redaction,
     redact_bounded,
     redact_event,
     redact_text,
+    user_bytes,
 )
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import PendingAppend, queries
@@ -459,12 +463,15 @@ class TaskRun:
         self.check_live()
         events = list(self._with_step_started(events))
         if not redacted:
-            events = [redact_event(e, self.redactor, bytes_max=self.payload_bytes_max)
-                      for e in events]
+            events = [await self._redacted(e) for e in events]
         check_history_bound(self.task_id, self.head_seq, events,
                             self.services.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.services.store.payload_bytes_max)
                    for e in events]
+        # From here on the run holds the events as the log holds them (decoded from their
+        # stored bytes), so that live code sees what a replay or a resume sees: keys in
+        # stored (sorted) order, tuples as lists (decision 61).
+        events = [ev.decode_event(kind, version, payload) for kind, version, payload in encoded]
         assert self.builder is not None
         for event in events:
             self.builder.apply(event)
@@ -538,6 +545,18 @@ class TaskRun:
         except (Fenced, WalError, *CONNECTION_ERRORS) as failure:
             # Left to lease expiry: the next owner reads the log as it is.
             self.log.warning("task_release_failed", error=self.redact_text(repr(failure)))
+
+    async def _redacted(self, event: ev.Event) -> ev.Event:
+        """``event`` as the log records it (the engine's redactor). Its patterns scan every
+        string; on a large value (over ``limits.blob_threshold_bytes``: a 5 MiB base64
+        image took seconds) that runs in the worker's thread pool, off the event loop that
+        renews the leases of the worker's other tasks (decision 61)."""
+        if (self.redactor is not no_redaction and type(event) in _LARGE_VALUE_EVENTS
+                and user_bytes(event, self.payload_bytes_max) > limits.blob_threshold_bytes):
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, functools.partial(
+                    redact_event, event, self.redactor, bytes_max=self.payload_bytes_max))
+        return redact_event(event, self.redactor, bytes_max=self.payload_bytes_max)
 
     def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
         """Open the next step first when the task rests CHECKPOINTED and an observation
@@ -696,6 +715,13 @@ class TaskRun:
         self.head_seq, self.head_hash = result.head_seq, result.head_hash
         structlog.contextvars.bind_contextvars(seq=result.head_seq)
 
+
+_LARGE_VALUE_EVENTS: Final = frozenset({
+    ev.ToolCallCompleted, ev.LlmCallCompleted, ev.MessageAppended, ev.TaskCompleted,
+    ev.ToolCallIntended, ev.LlmCallIntended, ev.ValueRecorded, ev.StepCheckpointed,
+    ev.SignalReceived})
+"""Events whose user value may be large (results, responses, messages, outputs): their size
+is counted before redaction, to redact a large one off the loop."""
 
 _OUTCOMES: Final = (ev.ToolCallCompleted, ev.ToolCallFailed, ev.LlmCallCompleted,
                     ev.LlmCallFailed)

@@ -113,7 +113,8 @@ async def _transaction_attempt(run: Run, call_id: str, key: str,
         pending["append"] = await run.services.store.append_events(
             run.task_id, [event], epoch=run.epoch, expected_seq=run.head_seq,
             prev_hash=run.head_hash, connection=connection, encoded=encoded)
-        pending["event"] = event
+        # As the log holds it: what a replay returns (decision 61).
+        pending["event"] = ev.decode_event(*encoded[0])
 
     claim = call_claim(run, key)
     # Like a tool, the effect can read its key and epoch (ctx.idempotency_key, current_call).
@@ -125,6 +126,7 @@ async def _transaction_attempt(run: Run, call_id: str, key: str,
         current_call_claim.reset(token)
     if "append" in pending:
         run.adopt_append(pending["event"], pending["append"])
+        return pending["event"].result
     return result
 
 

@@ -36,7 +36,7 @@ from wal_engine.store import queries, sqlstate
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The schema version this code reads and writes (``wal_schema_version``)."""
 
 DSN_ENV: Final = "WAL_ENGINE_DSN"

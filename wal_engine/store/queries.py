@@ -376,3 +376,72 @@ SELECT min(wake_at) AS wake_at FROM wal_tasks
 # Wake idle workers of this tenant: the payload is the tenant's opaque token, never a task
 # id (NOTIFY is not filtered by row security).
 WAKE_WORKERS: Final = "SELECT pg_notify('wal_engine_wake', wal_wake_token())"
+
+# ----------------------------------------------------------------------------- large values
+# (wal_engine.blobs, decision 61.) An append whose events carry large values writes their
+# chunks in the same statement, under the same fence: a data-modifying CTE inserting the
+# chunks (a value the task already holds is skipped), added to the statement only when there
+# are chunks, so the statements of ordinary appends are unchanged. $a..$a+3: digests,
+# ordinals, value lengths, data (parallel arrays).
+
+
+def _blob_rows(first: int) -> str:
+    return (f"unnest(${first}::bytea[], ${first + 1}::int4[], ${first + 2}::int8[], "
+            f"${first + 3}::bytea[]) AS b(digest, ordinal, value_bytes, data)")
+
+
+_BLOB_COLUMNS: Final = "INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)"
+
+
+def with_blobs_observe(statement: str, first: int) -> str:
+    """OBSERVE_ONE / OBSERVE_MANY storing the chunks in ``$first..$first+3`` too."""
+    return f"""
+WITH blobs AS (
+    {_BLOB_COLUMNS}
+    SELECT $1, b.digest, b.ordinal, b.value_bytes, b.data FROM {_blob_rows(first)}
+     WHERE EXISTS ({PREVIOUS_OK_LEASED})
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+){statement}"""
+
+
+def with_blobs_after(statement: str, cte: str, first: int) -> str:
+    """A statement whose first CTE ``cte`` yields the task (``task_id`` column) only when
+    it may be written, storing the chunks in ``$first..$first+3`` too."""
+    marker = "\n)\nINSERT INTO wal_events"
+    head, found, rest = statement.partition(marker)
+    assert found, "the statement's first CTE must precede the events' INSERT"
+    return f"""{head}
+), blobs AS (
+    {_BLOB_COLUMNS}
+    SELECT {cte}.task_id, b.digest, b.ordinal, b.value_bytes, b.data
+      FROM {cte}, {_blob_rows(first)}
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+INSERT INTO wal_events{rest}"""
+
+
+OBSERVE_ONE_BLOBS: Final = with_blobs_observe(OBSERVE_ONE, 11)
+OBSERVE_MANY_BLOBS: Final = with_blobs_observe(OBSERVE_MANY, 12)
+TRANSITION_BLOBS: Final = with_blobs_after(TRANSITION, "head", 16)
+
+CREATE_TASK_BLOBS: Final = CREATE_TASK.replace("""
+), event AS (""", f"""
+), blobs AS (
+    {_BLOB_COLUMNS}
+    SELECT task.task_id, b.digest, b.ordinal, b.value_bytes, b.data
+      FROM task, {_blob_rows(13)}
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), event AS (""")
+
+# The chunks of some of a task's values, in (digest, ordinal) order from just after
+# ($3, $4), one page of $5 chunks: a value is read a page at a time, never in one row set.
+READ_BLOB_CHUNKS: Final = """
+SELECT digest, ordinal, data FROM wal_blobs
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+   AND digest = ANY ($2::bytea[]) AND (digest, ordinal) > ($3::bytea, $4::int4)
+ ORDER BY digest, ordinal
+ LIMIT $5
+"""

@@ -20,6 +20,7 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     epoch: int
     payload: bytes
+    """The event's full canonical encoding: its large values put back (decision 61)."""
     idempotency_key: str | None
     prev_hash: bytes
     hash: bytes
@@ -27,6 +28,18 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     chain_version: int = 1
     """How ``hash`` was computed (``wal_engine.chain``): 2 also covers ``recorded_at`` and
     ``idempotency_key``."""
+    row_payload: bytes | None = None
+    """The row's own bytes when they differ from ``payload`` (the event has large values in
+    ``wal_blobs``, referenced by digest): what the chain hash covers."""
+
+    payload_cut: bool = False
+    """Set on the last record of a page of reads that ended early so that it would not
+    hold too many bytes of large values (``limits.blob_page_value_bytes_max``)."""
+
+    @property
+    def stored_payload(self) -> bytes:
+        """The bytes of the row, the ones the hash covers."""
+        return self.payload if self.row_payload is None else self.row_payload
 
     def decode(self) -> vocabulary.Event:
         """Decode the payload into its event; fails closed on unknown type or version."""

@@ -10,12 +10,13 @@ import asyncpg
 import msgspec
 import orjson
 
+from wal_engine import blobs, limits
 from wal_engine import events as vocabulary
-from wal_engine import limits
 from wal_engine.budgets import validate_budget
 from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
 from wal_engine.errors import (
     AmbiguousCommit,
+    BlobCorrupt,
     ConcurrencyConflict,
     DatabaseUnavailable,
     DuplicateRow,
@@ -33,6 +34,7 @@ from wal_engine.retries import RESOLVE_RETRY, retrying
 from wal_engine.security.redaction import Redactor, no_redaction, redact_bounded
 from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
+from wal_engine.store.blob_reads import read_values, references_of
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
 from wal_engine.verification import HistoryVerifier
@@ -56,9 +58,9 @@ TERMINAL_EVENT_TYPES: Final = frozenset({"task_completed", "task_failed", "task_
 class _Batch:
     """One task's events encoded and chained, ready to be bound to a statement."""
 
-    __slots__ = ("hashes", "idempotency_keys", "new_hash", "new_status", "path", "payloads",
-                 "prev_hashes", "recorded_at", "types", "versions", "waiting_signal",
-                 "wake_after_ms")
+    __slots__ = ("chunks", "hashes", "idempotency_keys", "new_hash", "new_status", "path",
+                 "payloads", "prev_hashes", "recorded_at", "types", "versions",
+                 "waiting_signal", "wake_after_ms")
 
     def __init__(self, recorded_at: dt.datetime) -> None:
         self.recorded_at = recorded_at
@@ -73,6 +75,46 @@ class _Batch:
         self.new_status: str | None = None
         self.wake_after_ms: int | None = None
         self.waiting_signal: str | None = None
+        self.chunks = Chunks()
+
+
+class Chunks:
+    """The chunks of the large values of one statement, as its four parallel arrays; a
+    value two events of the statement hold is sent once."""
+
+    __slots__ = ("data", "digests", "ordinals", "seen", "sizes")
+
+    def __init__(self) -> None:
+        self.digests: list[bytes] = []
+        self.ordinals: list[int] = []
+        self.sizes: list[int] = []
+        self.data: list[bytes] = []
+        self.seen: set[tuple[bytes, int]] = set()
+
+    def add(self, chunks: Sequence[blobs.Chunk]) -> None:
+        for chunk in chunks:
+            key = (chunk.digest, chunk.ordinal)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            self.digests.append(chunk.digest)
+            self.ordinals.append(chunk.ordinal)
+            self.sizes.append(chunk.value_bytes)
+            self.data.append(chunk.data)
+
+    def args(self) -> tuple[list[bytes], list[int], list[int], list[bytes]]:
+        return self.digests, self.ordinals, self.sizes, self.data
+
+    def __bool__(self) -> bool:
+        return bool(self.digests)
+
+
+def row_payload(payload: bytes) -> tuple[bytes, list[blobs.Chunk]]:
+    """The row bytes of an event's full encoding and the chunks of its large values
+    (:func:`wal_engine.blobs.split`; a payload of 64 KiB or less is returned as it is)."""
+    if len(payload) <= limits.blob_threshold_bytes:
+        return payload, []
+    return blobs.split(payload)
 
 
 def encode_batch(
@@ -106,6 +148,9 @@ def encode_batch(
             )
         else:
             kind, version, payload = encoded[offset - 1]
+        payload, chunks = row_payload(payload)
+        if chunks:
+            batch.chunks.add(chunks)
         key = getattr(event, "idempotency_key", None)
         digest = event_hash_v2(previous, task_id, expected_seq + offset, kind, version, epoch,
                                batch.recorded_at, key, payload)
@@ -193,18 +238,23 @@ class Store:
         kind, version, payload = vocabulary.encode_event(
             submitted, payload_bytes_max=self.payload_bytes_max
         )
+        stored, chunks = row_payload(payload)
         recorded_at = now()
         digest = event_hash_v2(GENESIS_HASH, task_id, 1, kind, version, 0, recorded_at, None,
-                               payload)
+                               stored)
         budget_json = orjson.dumps(
             msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
         ).decode()
-        row = await self.database.fetchrow(
-            queries.CREATE_TASK,
-            task_id, agent, kind, version, payload, digest, budget_json,
-            parent_task_id, parent_seq, GENESIS_HASH, agent_version, recorded_at,
-            task_id=task_id,
-        )
+        args: tuple[Any, ...] = (task_id, agent, kind, version, stored, digest, budget_json,
+                                 parent_task_id, parent_seq, GENESIS_HASH, agent_version,
+                                 recorded_at)
+        if chunks:
+            pending = Chunks()
+            pending.add(chunks)
+            row = await self.database.fetchrow(queries.CREATE_TASK_BLOBS, *args,
+                                               *pending.args(), task_id=task_id)
+        else:
+            row = await self.database.fetchrow(queries.CREATE_TASK, *args, task_id=task_id)
         assert row is not None
         if row["created"]:
             return await self.read_head(task_id), True
@@ -323,6 +373,10 @@ class Store:
             )
             for a in appends
         ]
+        if any(batch.chunks for batch in batches):
+            # Large values travel with their own task's statement (its chunks under its
+            # fence); the others still share one.
+            return await self._append_split(appends, batches, via)
         started = metrics.clock()
         try:
             rows = await self.database.fetch(queries.APPEND_MANY, *_many_args(appends, batches),
@@ -352,17 +406,31 @@ class Store:
                 )
         return results
 
+    async def _append_split(
+        self, appends: Sequence[PendingAppend], batches: Sequence[_Batch],
+        via: asyncpg.Connection | None,
+    ) -> dict[str, AppendResult | WalError]:
+        """Group commit when some batches carry large values: the others in one statement,
+        each of those in its own."""
+        plain = [a for a, b in zip(appends, batches, strict=True) if not b.chunks]
+        results = await self.append_many(plain, via=via) if plain else {}
+        for append, batch in zip(appends, batches, strict=True):
+            if batch.chunks:
+                results.update(await self._append_each([append], [batch]))
+        return results
+
     async def _append_each(
         self, appends: Sequence[PendingAppend], batches: Sequence[_Batch]
     ) -> dict[str, AppendResult | WalError]:
         results: dict[str, AppendResult | WalError] = {}
-        for append, batch in zip(appends, batches, strict=True):
+        for append, _batch in zip(appends, batches, strict=True):
             try:
+                # The events' full encodings (the batch holds their rows, large values
+                # split off): encoded again by the single append, chunks included.
                 results[append.task_id] = await self.append_events(
                     append.task_id, append.events, epoch=append.epoch,
                     expected_seq=append.expected_seq, prev_hash=append.prev_hash,
-                    encoded=[(t, v, p) for t, v, p in zip(batch.types, batch.versions,
-                                                          batch.payloads, strict=True)],
+                    encoded=append.encoded,
                 )
             except WalError as error:
                 results[append.task_id] = error
@@ -464,7 +532,55 @@ class Store:
             queries.READ_EVENTS, task_id, min(max(1, from_seq), seq_max),
             min(to_seq, seq_max), limit, task_id=task_id
         )
-        return [record_from_row(row) for row in rows]
+        records = [record_from_row(row) for row in rows]
+        if any(record.payload.startswith(blobs.ROW_PREFIX) for record in records):
+            return await self._with_values(task_id, _within_value_budget(task_id, records))
+        return records
+
+    async def _with_values(self, task_id: str, records: list[EventRecord],
+                           *, problems: dict[int, str] | None = None) -> list[EventRecord]:
+        """``records`` with their large values put back (one page of chunks per round trip
+        for all of them). BlobCorrupt for a missing or altered value, or, with ``problems``,
+        the record left as stored and the problem noted under its seq (``verify``)."""
+        wanted: list[blobs.Reference] = []
+        for record in records:
+            if record.payload.startswith(blobs.ROW_PREFIX):
+                try:
+                    wanted += references_of(task_id, record.payload, record.seq)
+                except BlobCorrupt as error:
+                    if problems is None:
+                        raise
+                    problems[record.seq] = error.detail
+        try:
+            values = await read_values(self.database, task_id, wanted)
+        except BlobCorrupt:
+            if problems is None:
+                raise
+            values = await self._values_one_by_one(task_id, records, problems)
+        result: list[EventRecord] = []
+        for record in records:
+            if (record.payload.startswith(blobs.ROW_PREFIX) and record.seq not in
+                    (problems or {})):
+                full = blobs.expand(record.payload, values)
+                record = msgspec.structs.replace(record, payload=full,
+                                                 row_payload=record.payload)
+            result.append(record)
+        return result
+
+    async def _values_one_by_one(self, task_id: str, records: list[EventRecord],
+                                 problems: dict[int, str]) -> dict[bytes, bytes]:
+        """The values of ``records`` read record by record, noting which record's fail."""
+        values: dict[bytes, bytes] = {}
+        for record in records:
+            if record.seq in problems or not record.payload.startswith(blobs.ROW_PREFIX):
+                continue
+            try:
+                values.update(await read_values(
+                    self.database, task_id, references_of(task_id, record.payload, record.seq),
+                    seq=record.seq))
+            except BlobCorrupt as error:
+                problems[record.seq] = error.detail
+        return values
 
     async def stream_events(
         self,
@@ -482,7 +598,7 @@ class Store:
             )
             for record in page:
                 yield record
-            if len(page) < page_events:
+            if not page or (len(page) < page_events and not page[-1].payload_cut):
                 return
             next_seq = page[-1].seq + 1
 
@@ -513,12 +629,18 @@ class Store:
                                                     detail="a stored seq below 1"))
         verifier = HistoryVerifier(task_id, lease_epoch=int(recorded["lease_epoch"]))
         hash_at_recorded_head: bytes | None = None
-        async for record in self.stream_events(task_id):
+        blob_violation: Violation | None = None
+        async for record in self._verified_records(task_id):
+            if isinstance(record, Violation):
+                blob_violation = record
+                break
             if not verifier.feed(record):
                 break
             if record.seq == recorded["head_seq"]:
                 hash_at_recorded_head = record.hash
         report = verifier.report()
+        if report.ok and blob_violation is not None:
+            return msgspec.structs.replace(report, violation=blob_violation)
         if report.ok and hash_at_recorded_head != recorded["head_hash"]:
             violation = Violation(
                 seq=min(verifier.last_seq, int(recorded["head_seq"])) + 1
@@ -530,6 +652,30 @@ class Store:
             report = msgspec.structs.replace(report, violation=violation)
         return report
 
+    async def _verified_records(self, task_id: str) -> AsyncIterator[EventRecord | Violation]:
+        """The task's records for ``verify``: its large values read back and checked against
+        their digests (the row's digest is what the chain covers); the first value that is
+        missing, altered or malformed ends the stream as a ``blob`` violation."""
+        next_seq = 1
+        page_events = limits.read_page_events
+        while True:
+            rows = await self.database.fetch(queries.READ_EVENTS, task_id, next_seq, seq_max,
+                                             page_events, task_id=task_id)
+            records = [record_from_row(row) for row in rows]
+            problems: dict[int, str] = {}
+            if any(record.payload.startswith(blobs.ROW_PREFIX) for record in records):
+                records = await self._with_values(task_id, records, problems=problems)
+            for record in records:
+                if record.seq in problems:
+                    yield Violation(seq=record.seq, kind="blob",
+                                    detail=f"a large value of the event: "
+                                           f"{problems[record.seq]}")
+                    return
+                yield record
+            if len(records) < page_events:
+                return
+            next_seq = records[-1].seq + 1
+
     async def verify_orphans(self, *, limit: int = 1000) -> list[VerifyReport]:
         """Reports for up to ``limit`` task ids that have events but no task row (a scan of
         the tenant's whole log: ``verify --all`` only)."""
@@ -540,6 +686,22 @@ class Store:
                                                  detail=f"{row['events']} event(s) of a task "
                                                         f"that has no task row"))
                 for row in rows]
+
+
+def _within_value_budget(task_id: str, records: list[EventRecord]) -> list[EventRecord]:
+    """The longest prefix of a page whose large values hold at most
+    ``limits.blob_page_value_bytes_max`` bytes (at least one record); its last record is
+    marked ``payload_cut`` when the page was cut, so that a streamed read goes on after it."""
+    total = 0
+    for index, record in enumerate(records):
+        if record.payload.startswith(blobs.ROW_PREFIX):
+            total += sum(ref.value_bytes
+                         for ref in references_of(task_id, record.payload, record.seq))
+            if total > limits.blob_page_value_bytes_max and index > 0:
+                kept = records[:index]
+                kept[-1] = msgspec.structs.replace(kept[-1], payload_cut=True)
+                return kept
+    return records
 
 
 def _accepted(task_id: str, expected_seq: int, count: int, head_hash: bytes,
@@ -557,13 +719,17 @@ def _observation(task_id: str, event: vocabulary.Event,
     """The statement, arguments and hash of one observation (no status move)."""
     kind, version, payload = encoded if encoded is not None else vocabulary.encode_event(
         event, payload_bytes_max=payload_bytes_max)
+    payload, chunks = row_payload(payload)
     key, recorded_at = getattr(event, "idempotency_key", None), now()
     digest = event_hash_v2(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
                            recorded_at, key, payload)
-    return queries.OBSERVE_ONE, (
-        task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
-        recorded_at,
-    ), (digest,)
+    args = (task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
+            recorded_at)
+    if chunks:
+        pending = Chunks()
+        pending.add(chunks)
+        return queries.OBSERVE_ONE_BLOBS, (*args, *pending.args()), (digest,)
+    return queries.OBSERVE_ONE, args, (digest,)
 
 
 def _append_statement(
@@ -573,12 +739,13 @@ def _append_statement(
     (a single observation goes through :func:`_observation`)."""
     columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
                batch.prev_hashes, batch.hashes)
+    chunks = batch.chunks.args() if batch.chunks else ()
     if batch.new_status is None:
-        return queries.OBSERVE_MANY, (task_id, epoch, expected_seq, prev_hash, *columns,
-                                      batch.recorded_at)
-    return queries.TRANSITION, (
+        return (queries.OBSERVE_MANY_BLOBS if chunks else queries.OBSERVE_MANY), (
+            task_id, epoch, expected_seq, prev_hash, *columns, batch.recorded_at, *chunks)
+    return (queries.TRANSITION_BLOBS if chunks else queries.TRANSITION), (
         task_id, epoch, expected_seq, prev_hash, *columns, batch.new_status, batch.path,
-        batch.wake_after_ms, batch.waiting_signal, batch.recorded_at,
+        batch.wake_after_ms, batch.waiting_signal, batch.recorded_at, *chunks,
     )
 
 

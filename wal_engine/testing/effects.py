@@ -81,6 +81,9 @@ hostile_repeats: Final = 4096
 """``"eyJ-"`` (the start of a JWT) this many times: 16 KiB of text a credential pattern
 might scan slowly."""
 huge_bytes: Final = 1024 * 1024 + 1
+"""A result just over the old 1 MiB payload cap: now stored as a large value in wal_blobs
+(docs/architecture.md decision 61), so crashes around its append exercise that path, and
+the run that records it and the one that replays it must see the same value."""
 reconcile_wait_s: Final = 10.0
 LEDGER_SESSION: Final = "wal-test-ledger"
 QUICK: Final = RetryPolicy(max_attempts=3, initial_delay_s=0.01, max_delay_s=0.05)

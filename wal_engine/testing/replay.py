@@ -33,6 +33,7 @@ from wal_engine import events as ev
 from wal_engine.chain import GENESIS_HASH, VerifyReport
 from wal_engine.runtime.replayer import ReplayReport, replay_events
 from wal_engine.store import EventRecord
+from wal_engine.store.store import Chunks, row_payload
 from wal_engine.verification import verify_history as verify_semantics
 
 if TYPE_CHECKING:
@@ -134,9 +135,13 @@ def load_history(path: Path) -> list[EventRecord]:
             digest = bytes.fromhex(str(row["hash"]))
             chain_version = int(row.get("chain_version", 1))
             stamp = row.get("recorded_at")
+            # Dumped whole (large values included); the row the hash covers is the split
+            # the store made of it (deterministic: docs/architecture.md decision 61).
+            stored, _chunks = row_payload(payload)
             record = EventRecord(
                 task_id=str(row["task_id"]), seq=int(row["seq"]), type=str(row["type"]),
                 version=int(row["version"]), epoch=int(row["epoch"]), payload=payload,
+                row_payload=None if stored == payload else stored,
                 idempotency_key=row["idempotency_key"] if chain_version != 1
                 else _intent_key(str(row["type"]), payload), prev_hash=previous,
                 hash=digest, chain_version=chain_version,
@@ -171,6 +176,12 @@ SELECT $1, e.seq, e.type, e.version, e.epoch, e.payload, e.idempotency_key, e.pr
        AS e(seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
             chain_version, recorded_at)
 """
+INSERT_BLOBS: Final = """
+INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)
+SELECT $1, b.digest, b.ordinal, b.value_bytes, b.data
+  FROM unnest($2::bytea[], $3::int4[], $4::int8[], $5::bytea[])
+       AS b(digest, ordinal, value_bytes, data)
+"""
 INSERT_HEAD: Final = """
 INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, lease_epoch)
 VALUES ($1, $2, 'QUEUED', 1, $3, 0)
@@ -190,12 +201,20 @@ async def insert_history(database: Any, records: Sequence[EventRecord]) -> Agent
     walk = [str(ev.target_status(r.type)) for r in records[1:]
             if ev.target_status(r.type) is not None]
     head = records[-1]
+    chunks = Chunks()
+    stored: list[bytes] = []
+    for record in records:
+        row, pieces = row_payload(record.payload)
+        stored.append(record.row_payload or row)
+        chunks.add(pieces)
     async with database.pool.acquire() as connection, connection.transaction():
         await connection.execute(INSERT_HEAD, head.task_id, state.agent, records[0].hash)
+        if chunks:
+            await connection.execute(INSERT_BLOBS, head.task_id, *chunks.args())
         await connection.execute(
             INSERT_EVENTS, head.task_id, [r.seq for r in records], [r.type for r in records],
             [r.version for r in records], [r.epoch for r in records],
-            [r.payload for r in records], [r.idempotency_key for r in records],
+            stored, [r.idempotency_key for r in records],
             [r.prev_hash for r in records], [r.hash for r in records],
             [r.chain_version for r in records], [r.recorded_at for r in records])
         if walk:

@@ -161,6 +161,29 @@ APPEND_WRITES: Final = _APPEND + """, indexed AS (
 SELECT seq FROM appended
 """
 
+# The same statements storing the chunks of the event's large values too (decision 61),
+# under the same fence (only when the head moved); their arrays follow the statement's own
+# parameters. Used only when the event has large values.
+def _with_blobs(statement: str, first: int) -> str:
+    head, found, rest = statement.partition("\n), appended AS (")
+    assert found
+    return f"""{head}
+), blobs AS (
+    INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)
+    SELECT head.task_id, b.digest, b.ordinal, b.value_bytes, b.data
+      FROM head, unnest(${first}::bytea[], ${first + 1}::int4[], ${first + 2}::int8[],
+                        ${first + 3}::bytea[]) AS b(digest, ordinal, value_bytes, data)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), appended AS ({rest}"""
+
+
+WITH_BLOBS: Final = {
+    APPEND_EVENT: _with_blobs(APPEND_EVENT, 9),
+    APPEND_CHECKPOINT: _with_blobs(APPEND_CHECKPOINT, 13),
+    APPEND_WRITES: _with_blobs(APPEND_WRITES, 11),
+}
+
 # ----------------------------------------------------------------------------- leases
 
 READ_LEASE: Final = """

@@ -12,9 +12,9 @@ A :data:`ChannelMap` (channel -> (version key, seq of the event holding the valu
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -26,9 +26,18 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import TASKS
 
+from wal_engine import blobs
 from wal_engine import events as vocabulary
 from wal_engine.errors import CorruptionError
 from wal_engine.integrations.langgraph.codec import ValueCodec, restore_big_ints, version_key
+from wal_engine.store.blob_reads import expand_payloads
+
+if TYPE_CHECKING:
+    from wal_engine.store import Database
+
+Expanded = Mapping[bytes, bytes]
+"""Row bytes -> full payload, for the rows of a read that hold large values in ``wal_blobs``
+(decision 61): their channel values and writes, put back before decoding."""
 
 writes_events_max: Final = 10_000
 """Most ``graph_writes_saved`` events read for one checkpoint."""
@@ -64,16 +73,42 @@ def decode_checkpoint(version: int, payload: bytes, seq: int) -> vocabulary.Grap
     return event
 
 
-def decode_row(row: Any, thread_id: Any) -> StoredCheckpoint:
-    """A checkpoint row of a read query, its values resolved through its refs."""
+def _payloads(row: Any) -> list[bytes]:
+    """Every payload of a checkpoint row: its event's, its refs' and its writes'."""
+    return [row["payload"], *(payload for _seq, _version, payload in row["refs"]),
+            *(payload for _seq, _version, payload in row["writes"])]
+
+
+async def expand_rows(database: Database, rows: Sequence[Any],
+                      columns: tuple[str, ...] = ()) -> Expanded:
+    """The full payloads of the rows' payloads that hold large values (no round trip when
+    none does; else a page of chunks per round trip and task). ``columns``: the payload
+    column of plain rows; by default checkpoint rows (event, refs, writes)."""
+    by_task: dict[str, list[bytes]] = {}
+    for row in rows:
+        found = [row[name] for name in columns] if columns else _payloads(row)
+        held = [payload for payload in found if payload.startswith(blobs.ROW_PREFIX)]
+        if held:
+            by_task.setdefault(row["task_id"], []).extend(held)
+    expanded: dict[bytes, bytes] = {}
+    for task_id, payloads in by_task.items():
+        expanded.update(await expand_payloads(database, task_id, payloads))
+    return expanded
+
+
+def decode_row(row: Any, thread_id: Any, expanded: Expanded | None = None) -> StoredCheckpoint:
+    """A checkpoint row of a read query, its values resolved through its refs (``expanded``:
+    the full payloads of its rows that hold large values, :func:`expand_rows`)."""
+    full = (lambda payload: payload) if not expanded else (
+        lambda payload: expanded.get(payload, payload))
     seq = int(row["seq"])
-    event = decode_checkpoint(row["version"], row["payload"], seq)
+    event = decode_checkpoint(row["version"], full(row["payload"]), seq)
     stored = StoredCheckpoint(task_id=row["task_id"], thread_id=thread_id, seq=seq,
                               event=event, writes=[])
     for channel, entry in event.values.items():
         stored.entries[channel] = entry
         stored.sources[channel] = seq
-    holders = {int(ref_seq): decode_checkpoint(ref_version, ref_payload, ref_seq)
+    holders = {int(ref_seq): decode_checkpoint(ref_version, full(ref_payload), ref_seq)
                for ref_seq, ref_version, ref_payload in row["refs"]}
     for channel, ref_seq in event.refs.items():
         holder = holders.get(ref_seq)
@@ -86,7 +121,7 @@ def decode_row(row: Any, thread_id: Any) -> StoredCheckpoint:
         stored.entries[channel] = entry
         stored.sources[channel] = ref_seq
     for write_seq, write_version, write_payload in row["writes"]:
-        stored.writes.append(decode_writes(write_version, write_payload, write_seq))
+        stored.writes.append(decode_writes(write_version, full(write_payload), write_seq))
     return stored
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
+from wal_engine import blobs
 from wal_engine import events as vocabulary
 from wal_engine.errors import TaskAlreadyExists
 from wal_engine.integrations.langgraph import queries
@@ -21,6 +22,7 @@ from wal_engine.integrations.langgraph.codec import thread_task_id
 from wal_engine.integrations.langgraph.reading import (
     StoredCheckpoint,
     decode_row,
+    expand_rows,
     writes_events_max,
 )
 from wal_engine.integrations.langgraph.thread_log import (
@@ -218,7 +220,8 @@ class Retention:
                 rows = await self.database.fetch(
                     queries.LIST_THREAD_BELOW, task_id, *cursor, None, copy_page_checkpoints,
                     writes_events_max, task_id=task_id)
-            stored.extend(decode_row(row, thread_id) for row in rows)
+            expanded = await expand_rows(self.database, rows)
+            stored.extend(decode_row(row, thread_id, expanded) for row in rows)
             if len(rows) < copy_page_checkpoints:
                 return stored
             cursor = (rows[-1]["checkpoint_id"], rows[-1]["checkpoint_ns"])
@@ -277,7 +280,9 @@ async def _reindex(connection: Any, task_id: str, row: Any) -> None:
     if kind not in ("graph_checkpoint_saved", "graph_writes_saved", "graph_checkpoints_removed",
                     "task_submitted"):
         return
-    event = vocabulary.decode_event(kind, row["version"], row["payload"], seq)
+    # The index needs the skeleton only (ids, refs, metadata: never moved to wal_blobs);
+    # large values (channel values, writes) are left out rather than read back.
+    event = vocabulary.decode_event(kind, row["version"], blobs.skeleton(row["payload"]), seq)
     if isinstance(event, vocabulary.TaskSubmitted):
         thread_id = event.input.get("thread_id") if isinstance(event.input, dict) else None
         if isinstance(thread_id, str):

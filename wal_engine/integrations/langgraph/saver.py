@@ -67,6 +67,7 @@ from wal_engine.integrations.langgraph.reading import (
     StoredCheckpoint,
     decode_row,
     decode_writes,
+    expand_rows,
     migrate_sends,
     needs_sends_migration,
     parent_map,
@@ -216,7 +217,10 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                                            task_id=task_id)
         if row is None:
             return {}  # Unknown or removed parent: the put stores every value itself.
-        channels = parent_map(int(row["seq"]), row["version"], row["payload"])
+        expanded = await expand_rows(self.database, [{**row, "task_id": task_id}],
+                                     ("payload",))
+        channels = parent_map(int(row["seq"]), row["version"],
+                              expanded.get(row["payload"], row["payload"]))
         self._remember(key, channels)
         return channels
 
@@ -363,7 +367,7 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 task_id=task_id)
         if row is None:
             return None
-        item = decode_row(row, thread_id)
+        item = decode_row(row, thread_id, await expand_rows(self.database, [row]))
         return (await self._with_sends([item]))[0]
 
     def _loaded(self, item: StoredCheckpoint) -> CheckpointTuple:
@@ -387,10 +391,13 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
             parents = sorted({str(items[i].event.parent_checkpoint_id) for i in positions})
             rows = await self.database.fetch(queries.PARENT_WRITES, task_id, namespace, parents,
                                              writes_events_max, task_id=task_id)
+            expanded = await expand_rows(
+                self.database, [{**row, "task_id": task_id} for row in rows], ("payload",))
             writes: dict[str, list[vocabulary.GraphWritesSaved]] = {}
             for row in rows:
-                writes.setdefault(row["checkpoint_id"], []).append(
-                    decode_writes(row["version"], row["payload"], int(row["seq"])))
+                writes.setdefault(row["checkpoint_id"], []).append(decode_writes(
+                    row["version"], expanded.get(row["payload"], row["payload"]),
+                    int(row["seq"])))
             for position in positions:
                 parent = str(items[position].event.parent_checkpoint_id)
                 checkpoint = cast(dict[str, Any], tuples[position].checkpoint)
@@ -473,7 +480,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 page_size, writes_events_max,
             )
             thread_ids = await self._thread_ids({row["task_id"] for row in rows})
-            return [decode_row(row, thread_ids.get(row["task_id"])) for row in rows]
+            expanded = await expand_rows(self.database, rows)
+            return [decode_row(row, thread_ids.get(row["task_id"]), expanded) for row in rows]
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         task_id = thread_task_id(str(thread_id))
@@ -500,7 +508,8 @@ class WalCheckpointSaver(BaseCheckpointSaver[int]):
                 rows = await self.database.fetch(
                     queries.LIST_NAMESPACE_BELOW, task_id, namespace, upper, metadata_filter,
                     page_size, writes_events_max, task_id=task_id)
-        return [decode_row(row, thread_id) for row in rows]
+        expanded = await expand_rows(self.database, rows)
+        return [decode_row(row, thread_id, expanded) for row in rows]
 
     async def _thread_ids(self, task_ids: set[str]) -> dict[str, str]:
         if not task_ids:

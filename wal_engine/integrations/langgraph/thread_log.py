@@ -44,6 +44,7 @@ from wal_engine.observability.logs import get_logger
 from wal_engine.state_machine import LEASED, TERMINAL, Status
 from wal_engine.store import Store, sqlstate
 from wal_engine.store.connection import CONNECTION_ERRORS
+from wal_engine.store.store import Chunks, row_payload
 
 log = get_logger(__name__)
 
@@ -287,11 +288,19 @@ async def _append(
 ) -> int | None:
     """One fenced append on ``head`` (advanced on success); None when rejected."""
     kind, version, payload = vocabulary.encode_event(event, payload_bytes_max=payload_bytes_max)
+    # Channel values and writes over 64 KiB go to wal_blobs in the same statement (decision
+    # 60): a thread's accumulated history is not bound by the row's size.
+    payload, chunks = row_payload(payload)
     seq = head.seq + 1
     digest = event_hash(head.hash, task_id, seq, kind, version, head.epoch, payload)
     statement, index_args = index
+    blob_args: tuple[Any, ...] = ()
+    if chunks:
+        pending = Chunks()
+        pending.add(chunks)
+        statement, blob_args = queries.WITH_BLOBS[statement], pending.args()
     row = await _fetchrow(connection, statement, task_id, task_id, head.epoch, head.seq,
-                          head.hash, digest, kind, version, payload, *index_args)
+                          head.hash, digest, kind, version, payload, *index_args, *blob_args)
     if row is None:
         return None
     head.seq, head.hash = seq, digest

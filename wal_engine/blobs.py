@@ -1,0 +1,200 @@
+"""Large values in the log: split out of an event's row, content-addressed, compressed, in
+chunks (pure; the statements that move them are the store's). Decision 60 of
+docs/architecture.md.
+
+An event's payload is the canonical JSON of its fields (:mod:`wal_engine.payloads`). When
+that encoding is longer than :data:`limits.blob_threshold_bytes`, each user-value field of
+the event (a tool result, an LLM response, a message's content, a task's input or output,
+a LangGraph checkpoint's channel values...) whose own canonical encoding is longer than the
+threshold leaves the row: the row holds the rest of the fields plus one more key,
+``"$blobs"``, mapping each field that left to ``{"bytes": n, "sha256": hex}``, the length
+and sha256 of that field's canonical encoding. The value itself is stored once per task in
+``wal_blobs`` under its digest, in chunks of :data:`limits.blob_chunk_bytes` uncompressed
+bytes, each one zstd frame.
+
+* **The chain covers it.** The row's bytes, digest included, are what the event's hash
+  covers; ``verify`` recomputes each referenced value's sha256 from its chunks.
+* **Nothing ambiguous.** Field names of events are snake_case, so ``"$blobs"`` is never a
+  field; with sorted keys it is the row's first key, so a row that has none is recognized by
+  its first bytes without being parsed (:func:`references`).
+* **Expansion is exact.** The full payload is the row's JSON with ``"$blobs"`` removed and
+  each field put back as its stored encoding (:func:`expand`): the canonical bytes the writer
+  encoded, so decoding, idempotent resubmission and upcasting see what they always saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Final, NamedTuple
+
+import orjson
+import zstandard
+
+from wal_engine import limits
+
+BLOB_KEY: Final = "$blobs"
+ROW_PREFIX: Final = b'{"$blobs":'
+"""How a row that references large values begins (sorted keys: ``$`` sorts first)."""
+
+zstd_level: Final = 3
+"""zstd level of chunks (the snapshot segments' level: fast, and as good as level 9 on
+base64 and JSON text within a few percent)."""
+
+INLINE_FIELDS: Final = frozenset({"metadata", "checkpoint", "refs", "big_ints"})
+"""Fields never moved out of the row: a LangGraph checkpoint's skeleton. Its metadata is
+filtered by SQL (``convert_from(payload)::jsonb -> 'metadata'``), and rebuilding the
+saver's index reads the skeleton alone (:func:`skeleton`)."""
+
+_sort: Final = orjson.OPT_SORT_KEYS
+
+
+class Chunk(NamedTuple):
+    """One row of ``wal_blobs``: a piece of one value."""
+
+    digest: bytes
+    ordinal: int
+    value_bytes: int
+    """Length of the whole value (uncompressed), the same on every chunk of it."""
+    data: bytes
+    """One zstd frame of at most ``limits.blob_chunk_bytes`` uncompressed bytes."""
+
+
+class Reference(NamedTuple):
+    """A field of a row stored as a blob."""
+
+    field: str
+    digest: bytes
+    value_bytes: int
+
+
+class BlobError(ValueError):
+    """A row's blob reference or a stored value is malformed (the callers raise their own
+    typed errors, or report a violation)."""
+
+
+def split(payload: bytes, chunk_bytes: int = limits.blob_chunk_bytes,
+          threshold: int = limits.blob_threshold_bytes) -> tuple[bytes, list[Chunk]]:
+    """The row bytes of ``payload`` (an event's full canonical encoding) and the chunks of
+    the values that leave it. A payload at or under ``threshold`` is returned as it is."""
+    if len(payload) <= threshold:
+        return payload, []
+    fields = orjson.loads(payload)
+    if not isinstance(fields, dict) or BLOB_KEY in fields:
+        return payload, []
+    refs: dict[str, dict[str, object]] = {}
+    chunks: list[Chunk] = []
+    for name in sorted(fields):
+        if name in INLINE_FIELDS:
+            continue
+        value = fields[name]
+        if value is None or type(value) in (bool, int, float):
+            continue
+        if type(value) is str and len(value) < threshold // 6:
+            continue  # Cannot encode to more than threshold bytes (6 bytes per char at most).
+        encoded = orjson.dumps(value, option=_sort)
+        if len(encoded) <= threshold:
+            continue
+        digest = hashlib.sha256(encoded).digest()
+        refs[name] = {"bytes": len(encoded), "sha256": digest.hex()}
+        del fields[name]
+        chunks.extend(chunked(digest, encoded, chunk_bytes))
+    if not refs:
+        return payload, []
+    fields[BLOB_KEY] = refs
+    return orjson.dumps(fields, option=_sort), chunks
+
+
+def chunked(digest: bytes, encoded: bytes, chunk_bytes: int = limits.blob_chunk_bytes
+            ) -> list[Chunk]:
+    """``encoded`` as compressed chunks, in order."""
+    compressor = zstandard.ZstdCompressor(level=zstd_level)
+    view = memoryview(encoded)
+    return [Chunk(digest, ordinal, len(encoded),
+                  compressor.compress(view[start:start + chunk_bytes]))
+            for ordinal, start in enumerate(range(0, len(encoded), chunk_bytes))]
+
+
+def references(row_payload: bytes) -> list[Reference]:
+    """The blob references of a row (empty for a row without any); raises BlobError."""
+    if not row_payload.startswith(ROW_PREFIX):
+        return []
+    try:
+        refs = orjson.loads(row_payload)[BLOB_KEY]
+        return [Reference(name, bytes.fromhex(ref["sha256"]), int(ref["bytes"]))
+                for name, ref in refs.items()]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise BlobError(f"malformed blob reference: {error}") from error
+
+
+def expand(row_payload: bytes, values: Mapping[bytes, bytes]) -> bytes:
+    """The full payload of a row: its referenced values (digest -> encoding) put back."""
+    fields = orjson.loads(row_payload)
+    refs = fields.pop(BLOB_KEY)
+    for name, ref in refs.items():
+        fields[name] = orjson.Fragment(values[bytes.fromhex(ref["sha256"])])
+    return orjson.dumps(fields, option=_sort)
+
+
+def skeleton(row_payload: bytes) -> bytes:
+    """The row without its blob references: the fields that left it are absent (decoding
+    gives them their defaults). For readers that need only the inline fields."""
+    if not row_payload.startswith(ROW_PREFIX):
+        return row_payload
+    fields = orjson.loads(row_payload)
+    fields.pop(BLOB_KEY, None)
+    return orjson.dumps(fields, option=_sort)
+
+
+class Assembler:
+    """Reassembles values from their chunks as they stream in, and checks them.
+
+    Chunks of one value arrive in ordinal order (the read statements order them); each is
+    decompressed as it arrives, so only the values being assembled are held, never the
+    compressed pages. :meth:`finish` checks every value's length and sha256.
+    """
+
+    def __init__(self, wanted: Iterable[Reference]) -> None:
+        self.sizes = {ref.digest: ref.value_bytes for ref in wanted}
+        self.parts: dict[bytes, bytearray] = {}
+        self.next_ordinal: dict[bytes, int] = {}
+        self.decompressor = zstandard.ZstdDecompressor()
+
+    def add(self, digest: bytes, ordinal: int, data: bytes) -> None:
+        size = self.sizes.get(digest)
+        if size is None:
+            return
+        expected = self.next_ordinal.get(digest, 0)
+        if ordinal != expected:
+            raise BlobError(f"value {digest.hex()[:16]}: chunk {ordinal} where {expected} "
+                            f"was due")
+        part = self.parts.setdefault(digest, bytearray())
+        try:
+            # A frame states its size: refuse one that claims more than a chunk holds
+            # before anything is allocated for it.
+            declared = zstandard.frame_content_size(data)
+            if not 0 <= declared <= limits.blob_chunk_bytes:
+                raise BlobError(f"value {digest.hex()[:16]}: chunk {ordinal} declares "
+                                f"{declared} bytes")
+            part += self.decompressor.decompress(data)
+        except zstandard.ZstdError as error:
+            raise BlobError(f"value {digest.hex()[:16]}: chunk {ordinal} does not "
+                            f"decompress ({error})") from error
+        if len(part) > size:
+            raise BlobError(f"value {digest.hex()[:16]} is longer than its {size} bytes")
+        self.next_ordinal[digest] = ordinal + 1
+
+    def finish(self) -> dict[bytes, bytes]:
+        """Every wanted value, checked; raises BlobError on a missing or altered one."""
+        values: dict[bytes, bytes] = {}
+        for digest, size in self.sizes.items():
+            part = self.parts.get(digest)
+            if part is None:
+                raise BlobError(f"value {digest.hex()[:16]} ({size} bytes) is not stored")
+            if len(part) != size:
+                raise BlobError(f"value {digest.hex()[:16]} holds {len(part)} bytes, its "
+                                f"reference says {size}")
+            if hashlib.sha256(part).digest() != digest:
+                raise BlobError(f"value {digest.hex()[:16]} does not hash to its digest")
+            values[digest] = bytes(part)
+        return values
