@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 
 import pytest
@@ -21,12 +20,6 @@ from wal_engine.testing.processes import wait_until
 
 SPEC = "tests.integration.test_cli_agents:"
 CLAIMS_BY_VERSION = "wal_engine_claims_by_agent_version_total"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _claims(agent: str, version: str) -> float:
@@ -86,8 +79,8 @@ async def test_live_tasks_gauge_shows_what_still_runs_on_each_version(engine: En
     new.register(agent, agents.waiter, version="2")
     v1 = [await engine.submit(agent, n) for n in range(3)]
     v2 = [await new.submit(agent, n) for n in range(2)]
-    port = _free_port()
-    server = metrics.serve(port, "127.0.0.1")
+    server = metrics.serve(0, "127.0.0.1")
+    port = server.server_address[1]
     workers = [engine.worker(concurrency=4, **agents.FAST),
                new.worker(concurrency=4, **agents.FAST)]
     running = [asyncio.create_task(worker.run()) for worker in workers]
