@@ -344,7 +344,7 @@ UNION ALL
 
 # Tasks counted by agent, agent version and status, among the statuses $2 (text[]): every
 # status for ``wal-engine tasks --by-version``, the live ones for a worker's gauge of what
-# still runs on each version (the (tenant, status) index reads only those statuses).
+# still runs on each version (the (tenant, status) index can skip the finished tasks).
 TASKS_BY_VERSION: Final = """
 SELECT agent, agent_version, status, count(*) AS tasks FROM wal_tasks
  WHERE tenant = current_setting('wal.tenant', true) AND status = ANY($2::text[])
