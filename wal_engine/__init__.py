@@ -20,6 +20,7 @@ _lazy = {
     "EventRecord": "wal_engine.store",
     "TaskHead": "wal_engine.store",
     "connect": "wal_engine.engine",
+    "code_version": "wal_engine.engine",
     "Engine": "wal_engine.engine",
     "EngineConfig": "wal_engine.engine",
     "Worker": "wal_engine.runtime.worker",
@@ -44,7 +45,7 @@ _lazy = {
 
 
 if TYPE_CHECKING:
-    from wal_engine.engine import Engine, EngineConfig, connect
+    from wal_engine.engine import Engine, EngineConfig, code_version, connect
     from wal_engine.errors import WalError
     from wal_engine.events import Budget, PlanNode
     from wal_engine.retries import (
@@ -89,6 +90,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "__version__",
+    "code_version",
     "connect",
     "current_call",
     "ensure_lease",

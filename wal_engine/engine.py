@@ -84,6 +84,54 @@ def wake_token(tenant: str) -> str:
 DEFAULT_AGENT_VERSION: Final = "1"
 """The version of an agent registered without one."""
 agent_version_length_max: Final = 64
+code_version_hex_digits: Final = 16
+"""Length of :func:`code_version`'s digest (64 bits: a collision between two versions of one
+agent is not a practical concern)."""
+
+
+def code_version(*sources: object, salt: str = "") -> str:
+    """A version label derived from the source text of ``sources``: it changes exactly when
+    that text (or ``salt``) changes, so tasks started by other code are never claimed by
+    this code unless it declares their version ``compatible``.
+
+    ``sources`` are what the user chooses to pin: functions, classes, methods or whole
+    modules (``inspect.getsource``; decorated functions are unwrapped), in order. Line
+    endings are normalised, so a checkout on another platform gives the same version;
+    anything else (a comment, whitespace) is a change. Code they call but that is not
+    listed (a helper module, a library) is not hashed: list it, or bump ``salt``.
+
+    ``@engine.agent("x", version=code_version(...))`` is evaluated before the decorated
+    function exists: hash its module (``sys.modules[__name__]``) or the tools it calls
+    there, or register afterwards with ``engine.register("x", fn, version=code_version(fn,
+    tools))``.
+
+    Returns:
+        ``16`` lowercase hex digits (a valid agent version).
+
+    Raises:
+        InvalidInput: No source given, ``salt`` is not a string, or the source text of an
+            object cannot be read (a builtin, an instance, code typed at a REPL).
+    """
+    if not sources:
+        raise InvalidInput("code_version needs at least one function, class or module")
+    if not isinstance(salt, str):
+        raise InvalidInput(f"code_version's salt must be a string, not {type(salt).__name__}")
+    digest = hashlib.sha256(b"wal-engine/code-version/1\0")
+    digest.update(_length_prefixed(salt))
+    for source in sources:
+        try:
+            text = inspect.getsource(source)  # type: ignore[arg-type]
+        except (OSError, TypeError) as error:
+            raise InvalidInput(f"code_version cannot read the source of {source!r}: "
+                               f"{error}") from None
+        digest.update(_length_prefixed(text.replace("\r\n", "\n").replace("\r", "\n")))
+    return digest.hexdigest()[:code_version_hex_digits]
+
+
+def _length_prefixed(text: str) -> bytes:
+    """``text`` as UTF-8 behind its length, so no two lists of texts hash alike."""
+    data = text.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(8, "big") + data
 
 
 class AgentDefinition(msgspec.Struct, frozen=True, kw_only=True):

@@ -78,6 +78,34 @@ def test_instruments_register_in_any_registry() -> None:
 
 
 @needs_extra
+def test_live_tasks_gauge_sums_tenants_and_keeps_a_drained_version_at_zero() -> None:
+    """Readings are per tenant (a later one replaces the earlier), summed at scrape; a
+    series absent from the latest readings reads 0 instead of vanishing; an unpinned
+    version is the empty label. The hook folds the statement's per-status rows."""
+    registry = prometheus().CollectorRegistry()
+    live = metrics.Instruments(registry).live_tasks
+
+    def gauge(version: str) -> float | None:
+        value = registry.get_sample_value("wal_engine_live_tasks",
+                                          {"agent": "a", "version": version})
+        return None if value is None else float(value)
+
+    live.update("t1", {("a", "1"): 3, ("a", "2"): 1})
+    live.update("t2", {("a", "2"): 4, ("a", ""): 2})
+    assert (gauge("1"), gauge("2"), gauge("")) == (3, 5, 2)
+    live.update("t1", {("a", "2"): 1})
+    assert (gauge("1"), gauge("2"), gauge("")) == (0, 5, 2)
+    assert gauge("never") is None
+
+    rows = [{"agent": "hook-agent", "agent_version": "7", "status": "QUEUED", "tasks": 2},
+            {"agent": "hook-agent", "agent_version": "7", "status": "WAITING", "tasks": 3},
+            {"agent": "hook-agent", "agent_version": None, "status": "QUEUED", "tasks": 1}]
+    metrics.live_tasks_read("hook-tenant", rows)
+    assert sample("wal_engine_live_tasks", {"agent": "hook-agent", "version": "7"}) == 5
+    assert sample("wal_engine_live_tasks", {"agent": "hook-agent", "version": ""}) == 1
+
+
+@needs_extra
 def test_serve_exposes_the_metrics_over_http() -> None:
     """serve() answers /metrics with the engine's metrics; shutdown() stops it."""
     server = metrics.serve(0, "127.0.0.1")
@@ -108,6 +136,7 @@ def test_without_the_extra_every_hook_is_free_and_serve_says_how_to_install() ->
         metrics.call_failed("tool", True); metrics.call_retried("tool", "in_doubt")
         metrics.budget_tripped("max_steps"); metrics.effect_deduplicated()
         metrics.resumed(10, False)
+        metrics.live_tasks_read("t", [{"agent": "a", "agent_version": "1", "tasks": 1}])
         try:
             metrics.serve(9999)
         except ConfigurationError as error:

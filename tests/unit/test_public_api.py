@@ -23,11 +23,12 @@ EXPECTED = {
     "AgentContext", "Budget", "Database", "Engine", "EngineConfig", "EventRecord",
     "LlmResponse", "PermanentError", "PlanNode", "RetryPolicy", "SignalTimeout", "Store",
     "TaskHead", "ToolError", "TransientError", "WalError", "Worker", "WorkerConfig",
-    "__version__", "connect", "secret_ref", "DidNotAct", "LeaseExpired", "current_call",
-    "ensure_lease", "lease_valid",
+    "__version__", "code_version", "connect", "secret_ref", "DidNotAct", "LeaseExpired",
+    "current_call", "ensure_lease", "lease_valid",
 }
 
-PUBLIC_FUNCTIONS = ("connect", "current_call", "ensure_lease", "lease_valid", "secret_ref")
+PUBLIC_FUNCTIONS = ("code_version", "connect", "current_call", "ensure_lease", "lease_valid",
+                    "secret_ref")
 PUBLIC_CLASSES = ("Budget", "EngineConfig", "LlmResponse", "PlanNode", "RetryPolicy",
                   "WorkerConfig")
 CLASSES_WITH_METHODS = ("AgentContext", "Engine", "Worker")
@@ -232,6 +233,7 @@ SIGNATURES = {
         "30.0, sync_threads: 'int' = 0, stall_warn_ms: 'int' = 1000, stall_abandon_ms: 'int' "
         '= 600000)'
     ),
+    'code_version': "(*sources: 'object', salt: 'str' = '') -> 'str'",
     'connect': (
         "(dsn: 'str | None' = None, *, config: 'EngineConfig | None' = None, **options: "
         "'Unpack[EngineOptions]') -> 'Engine'"

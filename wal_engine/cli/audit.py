@@ -73,7 +73,8 @@ async def _tasks_by_version(dsn: str | None, as_json: bool) -> None:
     from wal_engine.store import queries
 
     async with open_engine(dsn) as engine:
-        rows = await engine.database.fetch(queries.TASKS_BY_VERSION, by_version_rows_max)
+        rows = await engine.database.fetch(queries.TASKS_BY_VERSION, by_version_rows_max,
+                                           [status.value for status in Status])
     if as_json:
         for row in rows:
             emit({"agent": row["agent"], "agent_version": row["agent_version"],

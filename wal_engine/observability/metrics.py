@@ -18,7 +18,22 @@ The hooks are single calls placed in the engine where the thing happens:
 ``wal_engine_effects_deduplicated_total`` side effects answered from the dedup table
 ``wal_engine_resume_events_folded``       events folded to resume a task (the replay length),
                                           by ``source`` (snapshot + tail, or the whole log)
+``wal_engine_claims_by_agent_version``    claims, by ``agent`` and the ``version`` that started
+                                          the task
+``wal_engine_live_tasks``                 gauge: tasks not finished (queued, running, waiting,
+                                          resuming), by ``agent`` and ``version``, as a worker
+                                          last read them from the log (see below)
 ========================================  ====================================================
+
+``wal_engine_live_tasks`` is read from the database, not counted in process: each worker
+runs one grouped statement of its tenant's live tasks on its sweep connection, at most once
+every ``live_tasks_refresh_sweeps`` sweep intervals (:mod:`wal_engine.runtime.worker`; 15 s
+by default), never on a claim or an append. It is the whole tenant's figure, so every worker
+of a tenant reports the same numbers: aggregate them with ``max`` (not ``sum``) across
+workers. A version whose tasks have all finished stays at 0 for as long as the process runs,
+so a drained version reads as 0 rather than disappearing. The version label of a task no
+worker has claimed under a pinned version yet is empty, as in
+``wal_engine_claims_by_agent_version``.
 """
 
 from __future__ import annotations
@@ -26,7 +41,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from wal_engine.errors import ConfigurationError
@@ -110,6 +125,49 @@ class AppendTally:
         yield latency
 
 
+class LiveTasks:
+    """The ``wal_engine_live_tasks`` gauge: the last reading of each tenant's live tasks by
+    (agent, version), turned into a metric family at scrape time.
+
+    Readings are kept per tenant (two engines of one process may serve two tenants) and
+    summed at scrape; a series seen once and absent from the latest readings is reported as
+    0, so a drained version goes to 0 instead of vanishing.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_tenant: dict[str, dict[tuple[str, str], int]] = {}
+        self._seen: set[tuple[str, str]] = set()
+
+    def update(self, tenant: str, counts: dict[tuple[str, str], int]) -> None:
+        """``tenant``'s live tasks are now ``counts`` by (agent, version)."""
+        with self._lock:
+            self._by_tenant[tenant] = dict(counts)
+            self._seen.update(counts)
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Live tasks by (agent, version), summed over tenants (0 for a drained series)."""
+        with self._lock:
+            totals = dict.fromkeys(self._seen, 0)
+            for counts in self._by_tenant.values():
+                for key, tasks in counts.items():
+                    totals[key] += tasks
+        return totals
+
+    def collect(self) -> Iterator[Any]:
+        """The gauge family (the registry calls this on every scrape)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauge = GaugeMetricFamily(
+            "wal_engine_live_tasks",
+            "Tasks not finished (queued, running, waiting, resuming), by agent and the agent "
+            "version that started them, as a worker last read them from the log.",
+            labels=["agent", "version"])
+        for (agent, version), tasks in sorted(self.totals().items()):
+            gauge.add_metric([agent, version], tasks)
+        yield gauge
+
+
 def _bound(seconds: float) -> str:
     """A bucket's ``le`` label as prometheus-client writes it (``0.0005``, ``1.0``)."""
     return repr(float(seconds))
@@ -125,6 +183,8 @@ class Instruments:
         self.registry = target
         self.appends = AppendTally()
         target.register(self.appends)
+        self.live_tasks = LiveTasks()
+        target.register(self.live_tasks)
         self.tasks_claimed = Counter(
             "wal_engine_tasks_claimed", "Tasks leased by a worker.", registry=target)
         self.tasks_orphaned = Counter(
@@ -221,6 +281,18 @@ def task_claimed_at_version(agent: str, version: str | None) -> None:
     """A task of ``agent`` started by code of ``version`` was claimed."""
     if _instruments is not None:
         _instruments.claims_by_version.labels(agent, version or "").inc()
+
+
+def live_tasks_read(tenant: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    """A worker of ``tenant`` read its live tasks: ``rows`` of ``agent``, ``agent_version``
+    and ``tasks`` (a row per status, as ``TASKS_BY_VERSION`` returns them)."""
+    if _instruments is None:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        key = (row["agent"], row["agent_version"] or "")
+        counts[key] = counts.get(key, 0) + int(row["tasks"])
+    _instruments.live_tasks.update(tenant, counts)
 
 
 def call_escalated(kind: str, reason: str) -> None:

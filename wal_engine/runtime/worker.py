@@ -13,6 +13,9 @@ keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
 * sweep: breaks leases not renewed in time (database clock): the task becomes RESUMING with
   a ``task_orphaned`` event and a NOTIFY. It sleeps until the earliest lease expiry, so a
   dead worker's task is picked up within milliseconds of its lease running out;
+  With the metrics extra installed, the sweep also reads the tenant's live tasks by agent
+  and version (one grouped statement, at most every ``live_tasks_refresh_sweeps`` sweep
+  intervals) into the ``wal_engine_live_tasks`` gauge;
 * listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
@@ -54,6 +57,7 @@ from wal_engine.runtime.registry import (
     runnable_versions,
 )
 from wal_engine.runtime.run import TaskRun
+from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.store import queries
 from wal_engine.store.connection import (
     CONNECTION_ERRORS,
@@ -66,6 +70,10 @@ log = get_logger(__name__)
 
 WAKE_CHANNEL: Final = "wal_engine_wake"
 sweep_batch_max: Final = 100
+live_tasks_refresh_sweeps: Final = 3
+"""The live-tasks gauge is read at most once per this many ``sweep_ms`` (15 s by default)."""
+live_statuses: Final = [status.value for status in Status if status not in TERMINAL]
+tasks_by_version_rows_max: Final = 10_000
 next_expiry_sql: Final = """
 SELECT extract(epoch FROM min(lease_expires_at) - now()) * 1000 AS wait_ms
   FROM wal_tasks WHERE tenant = current_setting('wal.tenant', true)
@@ -140,6 +148,7 @@ class Worker:
         self.log = log.bind(worker_id=self.worker_id)
         self.claimed = 0
         self.registration_every_s = refresh_every_s_default
+        self._live_tasks_due = 0.0
         self.keeper = LeaseKeeper(
             dsn=services.database.dsn,
             session_settings=services.database.session_settings(
@@ -330,11 +339,22 @@ class Worker:
         metrics.tasks_orphaned(len(rows))
         if rows:
             self._wake.set()
+        await self._read_live_tasks(connection)
         wait_ms = await connection.fetchval(next_expiry_sql)
         ceiling_s = self.config.sweep_ms / 1000
         if wait_ms is None:
             return ceiling_s
         return max(0.001, min(ceiling_s, float(wait_ms) / 1000 + 0.001))
+
+    async def _read_live_tasks(self, connection: asyncpg.Connection) -> None:
+        """Refresh the live-tasks gauge when it is due (never without the metrics extra)."""
+        if not metrics.available() or time.monotonic() < self._live_tasks_due:
+            return
+        self._live_tasks_due = (time.monotonic()
+                                + live_tasks_refresh_sweeps * self.config.sweep_ms / 1000)
+        rows = await connection.fetch(queries.TASKS_BY_VERSION, tasks_by_version_rows_max,
+                                      live_statuses)
+        metrics.live_tasks_read(self.services.database.tenant, rows)
 
     async def _listen_loop(self) -> None:
         async def listen(connection: asyncpg.Connection) -> None:

@@ -342,9 +342,12 @@ UNION ALL
   ORDER BY updated_at DESC LIMIT $3)
 """
 
+# Tasks counted by agent, agent version and status, among the statuses $2 (text[]): every
+# status for ``wal-engine tasks --by-version``, the live ones for a worker's gauge of what
+# still runs on each version (the (tenant, status) index can skip the finished tasks).
 TASKS_BY_VERSION: Final = """
 SELECT agent, agent_version, status, count(*) AS tasks FROM wal_tasks
- WHERE tenant = current_setting('wal.tenant', true)
+ WHERE tenant = current_setting('wal.tenant', true) AND status = ANY($2::text[])
  GROUP BY agent, agent_version, status
  ORDER BY agent, agent_version NULLS FIRST, status
  LIMIT $1
