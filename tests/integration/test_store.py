@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import claim, claimed_task, head_args, log_snapshot
 from wal_engine import events as ev
+from wal_engine import limits
 from wal_engine.chain import GENESIS_HASH, event_hash
 from wal_engine.errors import (
     AppendOnlyViolation,
@@ -225,7 +226,7 @@ BAD_PAYLOADS: list[tuple[str, Any, type[Exception]]] = [
     ("nul", "a\x00b", InvalidPayload),
     ("not json", {"when": object()}, InvalidPayload),
     ("set", {1, 2}, InvalidPayload),
-    ("too large", "x" * (1024 * 1024 + 1), PayloadTooLarge),
+    ("too large", "x" * (limits.payload_bytes_max + 1), PayloadTooLarge),
 ]
 
 
