@@ -48,6 +48,7 @@ from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspen
 from wal_engine.runtime.hooks import HookEvent, call_hook
 from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
 from wal_engine.security.redaction import (
+    NameForms,
     Redactor,
     redact_bounded,
     redact_event,
@@ -114,6 +115,8 @@ class TaskRun:
         self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=self.worker_id)
         self._state_cache: AgentState | None = None
         self.redactor: Redactor = services.redactor
+        self.redact_name = NameForms(self.redactor)
+        """A name (a tool's, a signal's...) as the log records it, remembered per name."""
         self.payload_bytes_max = int(services.store.payload_bytes_max)
         self.last_appended: list[ev.Event] = []
         """The events of the last append as recorded (redacted)."""
@@ -250,6 +253,7 @@ class TaskRun:
         self.journal = Journal(
             [call for call in state.calls.values() if not is_internal(call)],
             end_seq=state.last_seq, closed=state.terminal, task_id=self.task_id,
+            name_form=self.redact_name,
         )
 
     async def _continue(self, error: BaseException) -> bool:
@@ -431,8 +435,8 @@ class TaskRun:
         self.check_live()
         events = list(self._with_step_started(events))
         if not redacted:
-            events = [redact_event(e, self.redactor, bytes_max=self.payload_bytes_max)
-                      for e in events]
+            events = [redact_event(e, self.redactor, bytes_max=self.payload_bytes_max,
+                                   names=self.redact_name) for e in events]
         check_history_bound(self.task_id, self.head_seq, events,
                             self.services.store.events_per_task_max)
         encoded = [ev.encode_event(e, payload_bytes_max=self.services.store.payload_bytes_max)
