@@ -64,10 +64,14 @@ from wal_engine.security.redaction import DefaultRedactor
 
 SEMI_GENERIC_START: Final = "(?i)[\\w.-]{0,50}?(?:"
 PRINTABLE: Final = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+PREFIX_LENGTH_MIN: Final = 3
+"""A trufflehog pattern with a literal run this long is a vendor format; shorter, a bare
+value."""
 SHORTEST_SECRET: Final = 8
 """Shorter secrets are not credentials (and occur in any text): not counted."""
 
 
+KINDS: Final = ("format", "keyword", "bare")
 POSIX_CLASSES: Final = {"[:alnum:]": "A-Za-z0-9", "[:alpha:]": "A-Za-z", "[:digit:]": "0-9",
                         "[:upper:]": "A-Z", "[:lower:]": "a-z", "[:xdigit:]": "0-9A-Fa-f"}
 
@@ -109,7 +113,7 @@ def measure(rules: list[dict[str, Any]], count: int) -> dict[str, Any]:
     redactor = DefaultRedactor()
     outcome: dict[str, Any] = {kind: {"caught": [], "partly": {}, "missed": {},
                                       "examples": 0, "examples_caught": 0}
-                               for kind in ("format", "keyword")}
+                               for kind in KINDS}
     outcome["skipped"] = {}
     for rule in rules:
         name, regex = rule["id"], rule.get("regex")
@@ -310,9 +314,56 @@ def trufflehog_rules(source: GoSource) -> tuple[list[dict[str, Any]], dict[str, 
             if re.search(r"\\[pP]", regex):
                 skipped[rule_id] = "Unicode classes (\\p) Python's re lacks"
                 continue
-            rules.append({"id": rule_id, "regex": regex,
-                          "kind": "keyword" if keyworded else "format"})
+            kind = "keyword" if keyworded else (
+                "format" if literal_run(python_regex(regex)) >= PREFIX_LENGTH_MIN else "bare")
+            rules.append({"id": rule_id, "regex": regex, "kind": kind})
     return rules, skipped, counts
+
+
+def literal_run(pattern: str) -> int:
+    """The longest run of literal characters every match of ``pattern`` holds (0 if it
+    does not parse): a vendor's prefix (``xoxb-``, ``sk_live_``) gives one, a bare value
+    (``[a-f0-9]{32}``, which trufflehog finds only near its keywords) none."""
+    import re._parser as parser  # CPython's own parser of the pattern syntax
+
+    def literal(op: Any, value: Any) -> int | None:
+        """The length of an item that is literal text whatever matches (a character, a
+        group or an alternation of literal texts), else None."""
+        if op is parser.LITERAL:
+            return 1
+        if op is parser.IN:  # One of a few given characters: ``[rs]k_live_``, ``gh[op]_``.
+            return 1 if len(value) <= 4 and all(kind is parser.LITERAL
+                                                for kind, _ in value) else None
+        if op is parser.SUBPATTERN:
+            lengths = [literal(*item) for item in value[-1]]
+            return None if None in lengths else sum(x for x in lengths if x is not None)
+        if op is parser.BRANCH:
+            lengths = [literal(parser.SUBPATTERN, (None, 0, 0, branch)) for branch in value[1]]
+            return None if None in lengths else min(x for x in lengths if x is not None)
+        return None
+
+    def longest(items: Any) -> int:
+        best = run = 0
+        for op, value in items:
+            length = literal(op, value)
+            if length is not None:
+                run += length
+                best = max(best, run)
+                continue
+            run = 0
+            if op is parser.SUBPATTERN:
+                best = max(best, longest(value[-1]))
+            elif op is parser.BRANCH:
+                best = max(best, min(longest(branch) for branch in value[1]))
+            elif op in (parser.MAX_REPEAT, parser.MIN_REPEAT, parser.POSSESSIVE_REPEAT) \
+                    and value[0] >= 1:
+                best = max(best, longest(value[2]))
+        return best
+
+    try:
+        return longest(parser.parse(pattern))
+    except re.error:
+        return 0
 
 
 def detector_summary(rules: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[str, Any]:
@@ -345,8 +396,10 @@ def detector_summary(rules: list[dict[str, Any]], outcome: dict[str, Any]) -> di
 
 def report(title: str, outcome: dict[str, Any], examples: int) -> None:
     print(f"== {title}")
-    for kind in ("format", "keyword"):
+    for kind in KINDS:
         counts = outcome[kind]
+        if not counts["examples"] and kind == "bare":
+            continue
         rules_seen = len(counts["caught"]) + len(counts["partly"]) + len(counts["missed"])
         print(f"{kind} rules: {rules_seen}; every example caught {len(counts['caught'])}, "
               f"some {len(counts['partly'])}, none {len(counts['missed'])}; examples "
