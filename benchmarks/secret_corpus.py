@@ -366,30 +366,30 @@ def literal_run(pattern: str) -> int:
         return 0
 
 
-def detector_summary(rules: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[str, Any]:
-    """Per detector (directory): caught when every measured pattern of it was caught on
-    every example, partly when some example of it was, missed otherwise."""
+def detector_summary(outcome: dict[str, Any]) -> dict[str, Any]:
+    """Per detector (directory), from the fate of its measured patterns: caught when every
+    example of every pattern was caught, missed when none was, partly otherwise. Detectors
+    are counted by kind: ``format`` if one of their patterns is a vendor format, else
+    ``keyword`` if one is a keyword pattern, else ``bare``."""
     fates: dict[str, list[str]] = {}
-    for rule in rules:
-        detector = rule["id"].split(":", 1)[0]
-        kind = outcome[rule["kind"]]
-        if rule["id"] in kind["caught"]:
-            fate = "caught"
-        elif rule["id"] in kind["partly"]:
-            fate = "partly"
-        elif rule["id"] in kind["missed"]:
-            fate = "missed"
-        else:
-            continue  # skipped (no example)
-        fates.setdefault(detector, []).append(fate)
-    summary = {"caught": 0, "partly": 0, "missed": 0}
-    for seen in fates.values():
+    kinds: dict[str, set[str]] = {}
+    for kind in KINDS:
+        counts = outcome[kind]
+        for fate, ids in (("caught", counts["caught"]), ("partly", counts["partly"]),
+                          ("missed", counts["missed"])):
+            for rule_id in ids:
+                detector = rule_id.split(":", 1)[0]
+                fates.setdefault(detector, []).append(fate)
+                kinds.setdefault(detector, set()).add(kind)
+    summary: dict[str, Any] = {kind: {"caught": 0, "partly": 0, "missed": 0} for kind in KINDS}
+    for detector, seen in fates.items():
+        kind = next(kind for kind in KINDS if kind in kinds[detector])
         if all(fate == "caught" for fate in seen):
-            summary["caught"] += 1
+            summary[kind]["caught"] += 1
         elif all(fate == "missed" for fate in seen):
-            summary["missed"] += 1
+            summary[kind]["missed"] += 1
         else:
-            summary["partly"] += 1
+            summary[kind]["partly"] += 1
     summary["measured"] = len(fates)
     return summary
 
@@ -439,7 +439,7 @@ def main() -> int:
         rules, skipped, counts = trufflehog_rules(source)
         outcome = measure(rules, args.examples)
         outcome["skipped"].update(skipped)
-        outcome["detectors"] = detector_summary(rules, outcome)
+        outcome["detectors"] = detector_summary(outcome)
         outcome["patterns"] = {**counts, "measured": len(rules), "skipped": len(
             outcome["skipped"])}
         report("trufflehog", outcome, args.examples)
