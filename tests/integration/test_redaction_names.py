@@ -137,3 +137,50 @@ async def test_secret_names_are_stored_redacted_and_the_task_resumes_and_replays
     assert report.outcome == "completed" and report.divergence is None, report
     assert report.output_matches is True
     assert report.calls_replayed == report.calls_recorded == 5
+
+
+async def test_secret_names_of_approvals_are_stored_redacted_and_replay(
+        engine: Any, database_dsn: str) -> None:
+    """A tool call that needs approval and a bare ``ctx.approval``, both named after a
+    secret: the approvals are answered by call id, the task completes, the names are stored
+    redacted (the approval request's tool, the decision's value kind), and the history
+    replays with each decision matched."""
+    acted: list[int] = []
+
+    async def wire(args: Any) -> Any:
+        acted.append(args["amount"])
+        return "sent"
+
+    async def guarded(ctx: AgentContext, task_input: Any) -> Any:
+        sent = await ctx.tool(TOOL, wire, {"amount": 10}, approval=True)
+        decision = await ctx.approval(OTHER_TOOL, {"amount": 20})
+        return {"sent": sent, "approved": decision.approved}
+
+    engine.agent("guarded")(guarded)
+    task_id = await engine.submit("guarded")
+    worker = engine.worker(concurrency=1, **FAST)
+    running = asyncio.create_task(worker.run())
+    try:
+        await _until(engine, task_id, Status.WAITING)
+        await engine.approve(task_id, "tool-0", approver="alice")
+        pending: list[str] = []
+        for _ in range(600):  # The second request (the first may still be undecided).
+            pending = [call_id for call_id, approval in
+                       (await engine.state(task_id)).approvals.items()
+                       if approval.approved is None and call_id != "tool-0"]
+            if pending:
+                break
+            await asyncio.sleep(0.05)
+        await engine.approve(task_id, pending[0], approver="bob", approved=False)
+        state = await engine.wait(task_id, timeout_s=60)
+    finally:
+        worker.stop()
+        await running
+    assert state.status is Status.COMPLETED, state
+    assert state.output == {"sent": "sent", "approved": False} and acted == [10]
+    stored = await _stored_rows(database_dsn)
+    assert "call_[REDACTED:github_token]" in stored
+    assert "approval:password=[REDACTED]" in stored
+    assert [secret for secret in SECRETS if secret in stored] == []
+    report = await replay_events(await engine.history(task_id), guarded)
+    assert report.outcome == "completed" and report.divergence is None, report
