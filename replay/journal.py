@@ -21,11 +21,15 @@ recorded one (``AgentState.calls`` keeps them in the order of their first intent
 Args hashes: tools use ``args_hash(args)``, LLM calls ``args_hash(request)``, timers
 ``args_hash(duration_ms)``; values (name = the value kind) and signal waits (name = the
 signal name) use ``""``.
+
+Names are recorded redacted (a tool named after a token must not store the token): given a
+``name_form`` (the runtime's redactor, remembered per name), the cursor compares a recorded
+name with the form of the name the code asks for, and errors show that form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -100,6 +104,7 @@ class Journal:
         end_seq: int,
         closed: bool,
         task_id: str | None = None,
+        name_form: Callable[[str], str] | None = None,
     ) -> None:
         """Build a cursor.
 
@@ -108,8 +113,13 @@ class Journal:
             end_seq: Seq of the last recorded event.
             closed: Whether the history is finished (terminal): no call may follow.
             task_id: Names the task in errors.
+            name_form: A name as the log records it (the runtime's redactor): names are
+                stored redacted, so the name the code asks for is compared in that form.
+                A history that holds the name as given (recorded before names were
+                redacted, or with redaction off) matches too. None: names as given.
         """
         self._calls = list(calls)
+        self._name_form = name_form
         self._ids = {record.call_id for record in self._calls}
         self._position = 0
         self.end_seq = end_seq
@@ -145,6 +155,9 @@ class Journal:
                 finished and records no further call.
         """
         index = self._position
+        given = name
+        if self._name_form is not None:
+            name = self._name_form(name)
         requested = CallSignature(kind=str(kind), name=name, args_hash=args_hash)
         if index >= len(self._calls):
             if self.closed:
@@ -155,7 +168,8 @@ class Journal:
             self._position += 1
             return Fresh(call_id=self._fresh_id(str(kind), index))
         record = self._calls[index]
-        if (record.kind, record.name, record.args_hash) != (requested.kind, name, args_hash):
+        if (record.kind != requested.kind or record.args_hash != args_hash
+                or (record.name != name and record.name != given)):
             raise NonDeterminismError(
                 seq=record.seq, recorded=_signature(record), requested=requested,
                 fork_point=record.seq - 1, call_index=index, task_id=self.task_id,

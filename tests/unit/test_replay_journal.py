@@ -182,3 +182,62 @@ def test_retries_do_not_shift_positions() -> None:
     with pytest.raises(NonDeterminismError) as caught:
         cursor.next_call("tool", "other", "")
     assert (caught.value.seq, caught.value.fork_point) == (7, 6)
+
+
+TOKEN = "ghp_" + "aB3dE5" * 6
+
+
+def _named(tool: str, *extra: ev.Event) -> Journal:
+    """A cursor over one completed call of ``tool``, names compared redacted."""
+    from wal_engine.security.redaction import NameForms, default_redactor
+
+    state = fold(list(enumerate((SUBMITTED, CLAIMED, ev.ToolCallIntended(
+        call_id="c1", tool=tool, args=None, args_hash=args_hash(None), idempotency_key="k"),
+        ev.ToolCallCompleted(call_id="c1", result=1), *extra), 1)), task_id="t1")
+    return Journal(state.calls.values(), end_seq=state.last_seq, closed=False, task_id="t1",
+                   name_form=NameForms(default_redactor))
+
+
+def test_a_name_holding_a_secret_matches_its_redacted_record() -> None:
+    """Names are recorded redacted: the code's name is compared in that form, and a history
+    that holds the name as given (recorded before names were redacted, or with redaction
+    off) matches as well."""
+    redacted = _named("call_[REDACTED:github_token]")
+    assert isinstance(redacted.next_call("tool", f"call_{TOKEN}", args_hash(None)), Recorded)
+    as_given = _named(f"call_{TOKEN}")
+    assert isinstance(as_given.next_call("tool", f"call_{TOKEN}", args_hash(None)), Recorded)
+
+
+def test_a_divergence_shows_the_redacted_name_never_the_secret() -> None:
+    """Another tool name is still a divergence, and the error names the requested call in
+    its redacted form."""
+    cursor = _named("call_[REDACTED:github_token]")
+    with pytest.raises(NonDeterminismError) as caught:
+        cursor.next_call("tool", f"other password={TOKEN}", args_hash(None))
+    assert caught.value.requested is not None
+    assert caught.value.requested.name == "other password=[REDACTED:github_token]"
+    assert TOKEN not in str(caught.value)
+
+
+def test_names_of_events_are_redacted_on_append_and_remembered() -> None:
+    """redact_event redacts the names the journal matches on (tool, model, signal wait and
+    receipt, message, approval, value kind), with a run's NameForms remembering each."""
+    from wal_engine.security.redaction import NameForms, default_redactor, redact_event
+
+    names = NameForms(default_redactor)
+    events = [
+        ev.ToolCallIntended(call_id="c", tool=f"t {TOKEN}", args_hash="h", idempotency_key="k"),
+        ev.LlmCallIntended(call_id="c", model=f"m {TOKEN}", request_hash="h",
+                           idempotency_key="k"),
+        ev.SignalAwaited(name=f"s {TOKEN}"),
+        ev.SignalReceived(name=f"s {TOKEN}", signal_id=1),
+        ev.MessageAppended(role="user", content="hi", name=f"n {TOKEN}"),
+        ev.ApprovalRequested(call_id="c", tool=f"a {TOKEN}", args_hash="h", signal_name="x"),
+        ev.ValueRecorded(call_id="c", kind=f"approval:{TOKEN}", value=1),
+    ]
+    stored = [redact_event(event, default_redactor, names=names) for event in events]
+    assert all(TOKEN not in repr(event) for event in stored)
+    assert stored[2] == ev.SignalAwaited(name="s [REDACTED:github_token]")
+    plain = ev.ToolCallIntended(call_id="c", tool="search", args_hash="h", idempotency_key="k")
+    assert redact_event(plain, default_redactor, names=names) is plain
+    assert names(f"s {TOKEN}") is names(f"s {TOKEN}")

@@ -226,17 +226,17 @@ class AgentContext:
             ResultTypeError: the result does not convert to ``result_type`` (recorded as
                 the call's failure, not retried).
         """
-        # The log records the redacted arguments (and name), and replay matches on their
-        # hash; the function gets the arguments as given, with secret references resolved.
-        name = self._run.redact_text(name)
+        # The log records the redacted arguments and name, and replay matches on the hash
+        # of the one and the redacted form of the other; the function gets the arguments as
+        # given, with secret references resolved.
         stored_args = self._run.redact(args)
         hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
         if isinstance(outcome, Recorded):
             return recorded_value(outcome, result_type)
-        spec = ToolSpec(name=name, function=function, args=args, stored_args=stored_args,
-                        args_hash=hashed, idempotent=idempotent, retry=retry,
-                        timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup,
+        spec = ToolSpec(name=self._run.redact_name(name), function=function, args=args,
+                        stored_args=stored_args, args_hash=hashed, idempotent=idempotent,
+                        retry=retry, timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup,
                         result_type=result_type)
 
         return await CallDriver(self._run, spec).drive(outcome, approval=approval)
@@ -270,12 +270,11 @@ class AgentContext:
         :meth:`tool` (a mismatch raises :class:`~wal_engine.errors.ResultTypeError`).
         """
         hashed = args_hash(self._run.redact(request))
-        model = self._run.redact_text(model)
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return recorded_value(outcome, result_type)
-        spec = LlmSpec(name=model, function=function, args=request, args_hash=hashed,
-                       retry=retry, timeout_s=timeout_s, result_type=result_type)
+        spec = LlmSpec(name=self._run.redact_name(model), function=function, args=request,
+                       args_hash=hashed, retry=retry, timeout_s=timeout_s, result_type=result_type)
         return await CallDriver(self._run, spec).drive(outcome)
 
     async def approval(self, name: str, args: Any = None) -> ApprovalDecision:
@@ -293,11 +292,13 @@ class AgentContext:
         Returns:
             The decision: approved or not, by whom, with the approver's comment.
         """
-        name = self._run.redact_text(name)
         hashed = args_hash(self._run.redact(args))
         # A value's journal entry has no args hash: the decision carries the hash it
-        # answered, checked here on a re-run.
-        outcome = await self._next(CallKind.VALUE, f"{approval_value_prefix}{name}", "")
+        # answered, checked here on a re-run. Its name is recorded redacted (the journal
+        # compares the redacted form of the one given here).
+        value_kind = f"{approval_value_prefix}{name}"
+        name = self._run.redact_name(name)
+        outcome = await self._next(CallKind.VALUE, value_kind, "")
         if isinstance(outcome, Recorded):
             decision = msgspec.convert(outcome.result, ApprovalDecision)
             if decision.args_hash != hashed:
@@ -314,8 +315,7 @@ class AgentContext:
                                     comment=decided.comment, args_hash=hashed)
         # The decision is the value's record, so a re-run branches the same way.
         await self._run.append([ev.ValueRecorded(
-            call_id=outcome.call_id, kind=f"{approval_value_prefix}{name}",
-            value=msgspec.to_builtins(decision))])
+            call_id=outcome.call_id, kind=value_kind, value=msgspec.to_builtins(decision))])
         return decision
 
     async def now(self) -> float:
@@ -358,15 +358,14 @@ class AgentContext:
         payload. A signal sent before the wait is delivered. Raises SignalTimeout."""
         if name.startswith(INTERNAL_PREFIX):
             raise WalError(f"signal names starting with {INTERNAL_PREFIX!r} are reserved")
-        # As the sender stores it (engine.signal redacts names too), so that they meet.
-        name = self._run.redact_text(name)
         outcome = await self._next(CallKind.SIGNAL, name, "")
         if isinstance(outcome, Recorded):
             if outcome.error is not None:
                 raise SignalTimeout(outcome.error.error)
             return outcome.result
         timeout_ms = None if timeout_s is None else max(0, round(timeout_s * 1000))
-        return await wait_signal(self._run, name, timeout_ms)
+        # As the sender stores it (engine.signal redacts names too), so that they meet.
+        return await wait_signal(self._run, self._run.redact_name(name), timeout_ms)
 
     # ------------------------------------------------------------------ versions
 
@@ -432,7 +431,7 @@ class AgentContext:
         """Add a message to the task's conversation history (once, even across re-runs)."""
         index = self._ordinal("message_appended") - 1
         content = self._run.redact(content)  # As recorded, so that a re-run compares equal.
-        name = None if name is None else self._run.redact_text(name)
+        name = None if name is None else self._run.redact_name(name)
         recorded = self._run.view.messages
         if index < len(recorded):
             prior = recorded[index]
@@ -489,7 +488,8 @@ class AgentContext:
             return recorded_value(outcome)
         from wal_engine.runtime.transaction import run_transaction
 
-        return await run_transaction(self._run, outcome, name, function, args, hashed, retry)
+        return await run_transaction(self._run, outcome, self._run.redact_name(name), function,
+                                     args, hashed, retry)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -44,6 +44,7 @@ from wal_engine.runtime.ports import RunServices
 from wal_engine.runtime.run import error_text_max, is_internal
 from wal_engine.runtime.worker import WorkerConfig
 from wal_engine.security.redaction import (
+    NameForms,
     Redactor,
     default_redactor,
     redact_bounded,
@@ -153,9 +154,11 @@ class _ReplayJournal(Journal):
     """The journal cursor that answers only from the history and stops anything else."""
 
     def __init__(self, state: AgentState, *, closed: bool,
-                 on_progress: ProgressCallback | None) -> None:
+                 on_progress: ProgressCallback | None, name_form: NameForms) -> None:
         calls = [call for call in state.calls.values() if not is_internal(call)]
-        super().__init__(calls, end_seq=state.last_seq, closed=closed, task_id=state.task_id)
+        super().__init__(calls, end_seq=state.last_seq, closed=closed, task_id=state.task_id,
+                         name_form=name_form)
+        self._names = name_form
         self.total = len(calls)
         self.replayed = 0
         self.first_divergence: NonDeterminismError | None = None
@@ -173,8 +176,8 @@ class _ReplayJournal(Journal):
                 self._on_progress("calls", self.replayed, self.total)
             return outcome
         where = _UNRECORDED.get(type(outcome), "not recorded")
-        raise ReplayFinished(f"{kind} {name!r} is {where}: a worker would act here",
-                             self.end_seq)
+        raise ReplayFinished(
+            f"{kind} {self._names(name)!r} is {where}: a worker would act here", self.end_seq)
 
     def finish(self) -> None:
         try:
@@ -203,8 +206,10 @@ class _ReplayRun:
     lease_ttl_ms = WorkerConfig().lease_ttl_ms
     redactor: Redactor = default_redactor
 
-    def __init__(self, state: AgentState, journal: _ReplayJournal, code_ended: bool) -> None:
+    def __init__(self, state: AgentState, journal: _ReplayJournal, code_ended: bool,
+                 names: NameForms) -> None:
         self.task_id = state.task_id
+        self.redact_name = names
         self.head_seq = state.last_seq
         self.head_hash = state.last_hash
         self.builder = StateBuilder(state)
@@ -451,8 +456,10 @@ async def replay_state(
     from wal_engine.runtime.context import AgentContext
 
     code_ended = _code_ended(state)
-    journal = _ReplayJournal(state, closed=code_ended, on_progress=on_progress)
-    run = _ReplayRun(state, journal, code_ended)
+    names = NameForms(_ReplayRun.redactor)
+    journal = _ReplayJournal(state, closed=code_ended, on_progress=on_progress,
+                             name_form=names)
+    run = _ReplayRun(state, journal, code_ended, names)
     context = AgentContext(run)
     try:
         ending = await asyncio.wait_for(_drive(function, context, state.input, journal),

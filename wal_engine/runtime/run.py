@@ -50,6 +50,7 @@ from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspen
 from wal_engine.runtime.hooks import HookEvent, call_hook
 from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
 from wal_engine.security.redaction import (
+    NameForms,
     Redactor,
     no_redaction,
     redact_bounded,
@@ -118,6 +119,8 @@ class TaskRun:
         self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=self.worker_id)
         self._state_cache: AgentState | None = None
         self.redactor: Redactor = services.redactor
+        self.redact_name = NameForms(self.redactor)
+        """A name (a tool's, a signal's...) as the log records it, remembered per name."""
         self.payload_bytes_max = int(services.store.payload_bytes_max)
         self.last_appended: list[ev.Event] = []
         """The events of the last append as recorded (redacted)."""
@@ -257,6 +260,7 @@ class TaskRun:
         self.journal = Journal(
             [call for call in state.calls.values() if not is_internal(call)],
             end_seq=state.last_seq, closed=state.terminal, task_id=self.task_id,
+            name_form=self.redact_name,
         )
 
     async def _continue(self, error: BaseException) -> bool:
@@ -555,8 +559,10 @@ class TaskRun:
                 and user_bytes(event, self.payload_bytes_max) > limits.blob_threshold_bytes):
             return await asyncio.get_running_loop().run_in_executor(
                 self.executor, functools.partial(
-                    redact_event, event, self.redactor, bytes_max=self.payload_bytes_max))
-        return redact_event(event, self.redactor, bytes_max=self.payload_bytes_max)
+                    redact_event, event, self.redactor, bytes_max=self.payload_bytes_max,
+                    names=self.redact_name))
+        return redact_event(event, self.redactor, bytes_max=self.payload_bytes_max,
+                            names=self.redact_name)
 
     def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
         """Open the next step first when the task rests CHECKPOINTED and an observation

@@ -460,9 +460,46 @@ _USER_FIELDS: Final[dict[type[ev.Event], tuple[str, ...]]] = {
     ev.ValueRecorded: ("value",),
     ev.EnvironmentSet: ("values",),
 }
-"""The fields of each event type that hold values from outside the engine. Names that
-agent code matches on replay (tool, signal and message names) are not here: redacting them
-on one side only would make a replay diverge (see docs/security.md)."""
+"""The fields of each event type that hold values from outside the engine."""
+
+_EVENT_NAMES: Final[dict[type[ev.Event], tuple[str, ...]]] = {
+    ev.ToolCallIntended: ("tool",),
+    ev.LlmCallIntended: ("model",),
+    ev.SignalAwaited: ("name",),
+    ev.SignalReceived: ("name",),
+    ev.MessageAppended: ("name",),
+    ev.ApprovalRequested: ("tool",),
+    ev.ValueRecorded: ("kind",),
+}
+"""The names agent code gives that the journal matches on replay (a tool's, a model's, the
+signal a task waits for, a message's, an approval's). They are stored redacted as text, and
+the journal compares a recorded name with the redacted form of the name the code asks for
+(:class:`NameForms`), so that both sides meet."""
+
+name_forms_cached_max: Final = 1024
+"""Distinct names a :class:`NameForms` remembers (a task's code names few)."""
+name_cached_length_max: Final = 1024
+"""Longer names are redacted each time rather than remembered."""
+
+
+class NameForms:
+    """A name as the log records it (redacted as text with ``redactor``), remembered per
+    name: the journal and the event builders ask for the same few names on every call, so
+    after the first time a name costs one dictionary lookup."""
+
+    __slots__ = ("_forms", "redactor")
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self._forms: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        form = self._forms.get(name)
+        if form is None:
+            form = name if self.redactor is no_redaction else redact_text(self.redactor, name)
+            if len(self._forms) < name_forms_cached_max and len(name) <= name_cached_length_max:
+                self._forms[name] = form
+        return form
 
 
 def check_size(value: Any, bytes_max: int | None, counted: int = 0) -> int:
@@ -513,14 +550,21 @@ def redact_bounded(redactor: Redactor, value: Any, bytes_max: int | None) -> Any
 
 
 def redact_event(event: ev.Event, redactor: Redactor, *,
-                 bytes_max: int | None = None) -> ev.Event:
-    """The event with its user-supplied fields redacted (the same object if none changed).
+                 bytes_max: int | None = None,
+                 names: Callable[[str], str] | None = None) -> ev.Event:
+    """The event with its user-supplied fields and its names redacted (the same object if
+    none changed).
 
     With ``bytes_max`` (the engine's payload limit), an event whose user fields cannot fit
     in it is refused (:class:`~wal_engine.errors.PayloadTooLarge`) before any redaction.
+    ``names`` gives a name's redacted form (a run's :class:`NameForms`, which remembers
+    them); by default the name is redacted as text with ``redactor``.
     """
     if redactor is no_redaction:
         return event
+    named = _EVENT_NAMES.get(type(event))
+    if named is not None:
+        event = _redact_names(event, named, redactor, names)
     if bytes_max is not None:
         counted = 0
         for name in _USER_FIELDS.get(type(event), ()):
@@ -544,6 +588,19 @@ def redact_event(event: ev.Event, redactor: Redactor, *,
             after = REDACTED  # A text field stays text whatever the hook returns.
         if after is not before and after != before:
             changes[name] = after
+    return msgspec.structs.replace(event, **changes) if changes else event
+
+
+def _redact_names(event: ev.Event, fields: tuple[str, ...], redactor: Redactor,
+                  names: Callable[[str], str] | None) -> ev.Event:
+    changes = {}
+    for field in fields:
+        name = getattr(event, field)
+        if name is None:
+            continue
+        form = names(name) if names is not None else redact_text(redactor, name)
+        if form != name:
+            changes[field] = form
     return msgspec.structs.replace(event, **changes) if changes else event
 
 
