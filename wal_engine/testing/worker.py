@@ -37,6 +37,7 @@ def load_register(spec: str) -> Callable[[Any], Any]:
 async def serve(dsn: str, worker_id: str, spec: str, concurrency: int) -> None:
     """Register the agents, run a worker until SIGTERM."""
     from wal_engine.engine import connect
+    from wal_engine.runtime.worker import WorkerConfig
 
     engine = await connect(dsn, migrate=False)
     try:
@@ -46,11 +47,10 @@ async def serve(dsn: str, worker_id: str, spec: str, concurrency: int) -> None:
         ttl_ms = int(os.environ.get(LEASE_TTL_ENV, "1000"))
         heartbeat_ms = int(os.environ.get(HEARTBEAT_ENV, "250"))
         poll_ms = int(os.environ.get(POLL_ENV, "100"))
-        drain = os.environ.get(DRAIN_TIMEOUT_ENV)
+        drain_s = float(os.environ.get(DRAIN_TIMEOUT_ENV, WorkerConfig().drain_timeout_s))
         worker = engine.worker(concurrency=concurrency, worker_id=worker_id,
                                lease_ttl_ms=ttl_ms, heartbeat_ms=heartbeat_ms, poll_ms=poll_ms,
-                               sweep_ms=max(50, heartbeat_ms),
-                               **({} if drain is None else {"drain_timeout_s": float(drain)}))
+                               sweep_ms=max(50, heartbeat_ms), drain_timeout_s=drain_s)
         print(READY, flush=True)
         await worker.run(install_signal_handlers=True)
     finally:
