@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 from wal_engine.engine import Engine
 from wal_engine.runtime.context import AgentContext
 
@@ -94,31 +96,34 @@ async def test_second_ctrl_c_forces_the_exit(engine: Engine, tmp_path: Path) -> 
     assert str((await engine.head(task_id)).status) == "RESUMING"  # handed back
 
 
-async def test_second_ctrl_c_during_a_def_tool_dies_with_its_thread(engine: Engine,
-                                                                    tmp_path: Path) -> None:
-    """A non-idempotent def tool blocking its thread for two minutes, drain timeout 0.5 s:
-    after the first Ctrl-C the worker keeps the task while the thread runs
-    (drain_waiting_on_thread); the second exits 130 at once, with the thread (Python would
-    wait for it at exit), so it never acts; the task is not handed back: it waits for its
-    lease to expire, as after a crash."""
+@pytest.mark.parametrize(("drain_timeout_s", "first_sign"), [
+    (0.5, "drain_waiting_on_thread"), (DRAIN_TIMEOUT_S, "Ctrl-C again to stop now"),
+], ids=["past-the-drain", "within-the-drain"])
+async def test_second_ctrl_c_during_a_def_tool_dies_with_its_thread(
+        engine: Engine, tmp_path: Path, drain_timeout_s: float, first_sign: str) -> None:
+    """A non-idempotent def tool blocking its thread for two minutes: after the first
+    Ctrl-C the worker keeps the task while the thread runs (past a 0.5 s drain timeout it
+    logs drain_waiting_on_thread); the second, past or within the drain, exits 130 at
+    once, with the thread (Python would wait for it at exit), so it never acts; the task is
+    not handed back: it waits for its lease to expire, as after a crash."""
     register(engine)
     marker = tmp_path / "acted"
     task_id = await engine.submit("blocking-one", {"seconds": SLOW_TOOL_S,
                                                    "marker": str(marker)})
     log_path = tmp_path / "worker.err"
     with log_path.open("wb") as log:
-        process = _start_worker(engine.database.dsn, log, drain_timeout_s=0.5)
+        process = _start_worker(engine.database.dsn, log, drain_timeout_s=drain_timeout_s)
         try:
             async def running() -> bool:
                 return any(record.type == "tool_call_intended"
                            for record in await engine.history(task_id))
 
-            async def waiting_on_thread() -> bool:
-                return "drain_waiting_on_thread" in log_path.read_text()
+            async def draining() -> bool:
+                return first_sign in log_path.read_text()
 
             await _until(running, "the worker to start the blocking tool")
             process.send_signal(signal.SIGINT)
-            await _until(waiting_on_thread, "the drain to wait for the tool's thread")
+            await _until(draining, f"{first_sign!r} in the worker's log")
             process.send_signal(signal.SIGINT)
             started = time.monotonic()
             await asyncio.to_thread(process.wait, SLOW_TOOL_S / 4)

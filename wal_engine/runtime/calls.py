@@ -307,7 +307,7 @@ class CallDriver:
         try:
             with self._thread_watch(call_id) as waiting:
                 result = await call_function(spec.function, argument, spec.timeout_s,
-                                             run.executor, waiting)
+                                             run.executor, waiting, self._forced)
             if spec.kind == "tool":
                 failpoints.hit("after_effect_before_result")
         except StoppedAfterCall as stop:
@@ -454,10 +454,16 @@ class CallDriver:
         self.run.log.warning("call_overran", call_id=call_id, timeout_s=error.timeout_s,
                              reason="waiting for the timed-out call's thread to end")
         with self._thread_watch(call_id, error.timeout_s) as waiting:
-            stopped = await outlast(asyncio.wrap_future(error.thread), waiting)
+            stopped = await outlast(asyncio.wrap_future(error.thread), waiting,
+                                    self._forced)
         if stopped:
             raise asyncio.CancelledError("the worker stopped while a timed-out call's "
                                          "thread ran; it has ended")
+
+    def _forced(self) -> bool:
+        """Whether the worker is going away without a drain (a cancellation not waited
+        through: the task is left to lease expiry, as in a crash)."""
+        return self.run.stop_forced
 
     @contextlib.contextmanager
     def _thread_watch(self, call_id: str,

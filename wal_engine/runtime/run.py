@@ -115,6 +115,9 @@ class TaskRun:
         a renewal that no longer finds the lease is then no sign of another owner."""
         self.fenced_reason: str | None = None
         self.suspend_requested = False
+        self.stop_forced = False
+        """The worker is going away without a drain (cancelled, a forced stop): a
+        cancellation of this run is no longer survived to wait for a sync call's thread."""
         self.builder: StateBuilder | None = None
         self.journal: Journal | None = None
         self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=self.worker_id)

@@ -143,10 +143,12 @@ whether the run was stopped meanwhile (at the start, then every few seconds)."""
 async def call_function(function: Callable[[Any], Any], argument: Any,
                         timeout_s: float | None,
                         executor: concurrent.futures.Executor | None,
-                        waiting: ThreadWaiting | None = None) -> Any:
+                        waiting: ThreadWaiting | None = None,
+                        forced: Callable[[], bool] | None = None) -> Any:
     """Call a user function with an optional timeout: an async one on the loop, a sync one
     on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
     the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
+    ``forced()`` says whether a cancellation is a forced stop (not waited through).
 
     A sync call waits for a free thread within its ``timeout_s``; one that never got a
     thread is dropped before it starts, and one whose lease can no longer be trusted when
@@ -195,22 +197,26 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
     except asyncio.CancelledError:
         if gate.abandon():
             raise  # The run is going away: a call still queued never starts.
-        await outlast(thread, waiting, stopped=True)
+        if forced is not None and forced():
+            raise StoppedDuringCall("stopped without a drain while a sync call's thread "
+                                    "ran; the task is left to lease expiry") from None
+        await outlast(thread, waiting, forced, stopped=True)
         raise _stopped_after(thread, timeout_s, time.monotonic() - sent_at) from None
     if inspect.isawaitable(result):  # A sync function that returned a coroutine.
         return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
     return result
 
 
-async def outlast(thread: asyncio.Future[Any], waiting: ThreadWaiting | None, *,
-                  stopped: bool = False) -> bool:
+async def outlast(thread: asyncio.Future[Any], waiting: ThreadWaiting | None,
+                  forced: Callable[[], bool] | None = None, *, stopped: bool = False) -> bool:
     """Wait until a sync call's ``thread`` has ended, through one cancellation of the run
     (a graceful stop that ran out of drain time): the lease keeper renews the lease
     meanwhile, so no other worker takes the call over while the thread may act. Returns
     whether the run was stopped (cancelled) before or during the wait.
 
     Raises:
-        StoppedDuringCall: cancelled again (a forced stop) while the thread still ran.
+        StoppedDuringCall: cancelled again, or cancelled when ``forced()`` says the stop
+            is a forced one, while the thread still ran.
     """
     started = time.monotonic()
     if waiting is not None:
@@ -220,7 +226,7 @@ async def outlast(thread: asyncio.Future[Any], waiting: ThreadWaiting | None, *,
             # asyncio.wait never cancels what it waits for: the thread's future stays.
             await asyncio.wait({thread}, timeout=thread_report_interval_s)
         except asyncio.CancelledError:
-            if stopped:
+            if stopped or (forced is not None and forced()):
                 raise StoppedDuringCall("stopped again while a sync call's thread ran; "
                                         "the task is left to lease expiry") from None
             stopped = True

@@ -16,7 +16,9 @@ keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
 * listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
-durable point, hands it back (RESUMING), and returns.
+durable point, hands it back (RESUMING), and returns. Past ``drain_timeout_s`` the runs are
+cancelled; one inside a sync call keeps its task (lease renewed) until the call's thread
+has ended, records the outcome, then hands back (``drain_waiting_on_thread``).
 
 Plain ``def`` tools and LLM functions run on the worker's thread pool (``sync_threads``
 threads), never on its event loop; the pool is shut down with the worker.
@@ -79,7 +81,9 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
         heartbeat_ms: Interval of lease renewal; must be at most a third of the TTL.
         poll_ms: Fallback claim interval when no NOTIFY arrives.
         sweep_ms: Longest wait between two sweeps for expired leases.
-        drain_timeout_s: How long a graceful stop waits for runs to reach a durable point.
+        drain_timeout_s: How long a graceful stop waits for runs to reach a durable point
+            (then they are cancelled; a run whose sync call's thread is running keeps its
+            task until that thread has ended, since the thread cannot be stopped).
         sync_threads: Threads that run plain ``def`` tools and LLM functions (0: the
             concurrency plus 4). A sync call that timed out keeps its thread until it
             returns, so the pool bounds how many of them can pile up; a call that finds
@@ -218,6 +222,8 @@ class Worker:
             # A worker that ends without draining (cancelled) takes its runs with it: left
             # running, they would go on with no keeper renewing their leases and no thread
             # pool for their sync calls (which would fail as if the tool had).
+            for run in self.runs.values():
+                run.stop_forced = True
             abandoned = [*loops, *self._run_tasks]
             for task in abandoned:
                 task.cancel()
