@@ -303,5 +303,8 @@ def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any
             future.exception()
         done.set_result(None)
 
-    thread.add_done_callback(finished)
+    if thread.done():
+        finished(thread)  # At once: a caller may ask still_running() before the loop turns.
+    else:
+        thread.add_done_callback(finished)
     return done
