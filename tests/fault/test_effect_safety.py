@@ -5,6 +5,7 @@ non-idempotent tool (case 4), and a worker killed after the intent of a non-idem
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,3 +183,44 @@ async def test_case5_kill_after_intent_of_a_non_idempotent_call(
         assert "tool_call_uncertain" not in types
     await _no_violations(ledgered)
 
+
+
+@pytest.mark.timeout(120)
+async def test_worker_stopped_past_its_drain_waits_for_the_sync_calls_thread(
+        ledgered: Engine, pool: WorkerPool) -> None:
+    """A worker SIGTERMed while a non-idempotent def tool blocks its thread 3 s, with a
+    drain timeout of 0.5 s and a second worker running: the stopping worker keeps the lease
+    until the thread has ended (logging drain_waiting_on_thread with the call id), records
+    the tool's result, then hands the task back; the other worker completes it from the
+    log. The tool acted once, nothing was escalated (so no reconcile was ever offered) and
+    no lease was broken. On the old code the task was handed back at 0.5 s while the thread
+    ran, and the other worker escalated the call (the task failed; a tool without an
+    ensure_lease() guard would then have acted after the escalation)."""
+    stopping = await pool.spawn("stopping", drain_timeout_s=0.5)
+    task_id = await ledgered.submit(effect_agents.BLOCKING, {"block_s": 3.0})
+    await wait_until(lambda: _attempts(ledgered, "blocking"), "the tool's thread to start",
+                     30, 0.01)
+    other = pool.start("other")
+    stopping.kill(signal.SIGTERM)
+    [row] = await _rows(ledgered, "blocking")
+    assert row.applied == 0  # The stop came while the tool's thread was still blocked.
+    await other.ready()
+    await wait_until(lambda: _ended(ledgered, task_id), "the task to end or wait", 30, 0.05)
+    [row] = await _rows(ledgered, "blocking")
+    assert (row.attempts, row.deliveries, row.applied, row.owners) == (1, 1, 1, ["stopping"])
+    types = await _types(ledgered, task_id)
+    assert "tool_call_uncertain" not in types and "task_orphaned" not in types, types
+    # The result was recorded before the hand-back: the other worker never ran the tool.
+    assert types.index("tool_call_completed") < types.index("task_released")
+    assert await _is(ledgered, task_id, "COMPLETED")
+    assert (await ledgered.state(task_id)).output == {"charged": True}
+    assert await stopping.exited() == 0, stopping.output()
+    [call_id] = (await ledgered.state(task_id)).calls
+    waited = [line for line in stopping.output().splitlines()
+              if "drain_waiting_on_thread" in line]
+    assert waited and call_id in waited[0], stopping.output()
+    await _no_violations(ledgered)
+
+
+async def _ended(engine: Engine, task_id: str) -> bool:
+    return str((await engine.head(task_id)).status) in ("COMPLETED", "FAILED", "WAITING")

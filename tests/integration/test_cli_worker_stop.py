@@ -1,5 +1,6 @@
 """Ctrl-C on ``wal-engine worker``: the first drains with a countdown on standard error,
-the second stops at once (exit 130), handing the running task back."""
+the second stops at once (exit 130), handing the running task back; or, while a def tool's
+thread runs, dying with that thread and leaving the task to lease expiry."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+import pytest
 
 from wal_engine.engine import Engine
 from wal_engine.runtime.context import AgentContext
@@ -32,13 +35,23 @@ def register(engine: Engine) -> None:
     async def slow_one(ctx: AgentContext, task_input: Any) -> Any:
         return await ctx.tool("slow", slow, {"seconds": task_input["seconds"]})
 
+    def blocking(args: dict[str, Any]) -> str:
+        time.sleep(args["seconds"])
+        Path(args["marker"]).write_text("acted")  # The effect, after the block.
+        return "done"
 
-def _start_worker(dsn: str, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    @engine.agent("blocking-one")
+    async def blocking_one(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("blocking", blocking, task_input, idempotent=False)
+
+
+def _start_worker(dsn: str, stderr: IO[bytes],
+                  drain_timeout_s: float = DRAIN_TIMEOUT_S) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WAL_ENGINE_LOG_FORMAT": "json"}
     return subprocess.Popen(
         [sys.executable, "-m", "wal_engine.cli", "worker", "--agents", SPEC,
          "--lease-ttl-ms", "900", "--heartbeat-ms", "200", "--poll-ms", "50",
-         "--drain-timeout-s", str(DRAIN_TIMEOUT_S), "--dsn", dsn],
+         "--drain-timeout-s", str(drain_timeout_s), "--dsn", dsn],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
@@ -81,3 +94,48 @@ async def test_second_ctrl_c_forces_the_exit(engine: Engine, tmp_path: Path) -> 
     assert "stopping now: cancelling 1 task run(s)" in text
     assert took_s < DRAIN_TIMEOUT_S / 2, took_s
     assert str((await engine.head(task_id)).status) == "RESUMING"  # handed back
+
+
+@pytest.mark.parametrize(("drain_timeout_s", "first_sign"), [
+    (0.5, "drain_waiting_on_thread"), (DRAIN_TIMEOUT_S, "Ctrl-C again to stop now"),
+], ids=["past-the-drain", "within-the-drain"])
+async def test_second_ctrl_c_during_a_def_tool_dies_with_its_thread(
+        engine: Engine, tmp_path: Path, drain_timeout_s: float, first_sign: str) -> None:
+    """A non-idempotent def tool blocking its thread for two minutes: after the first
+    Ctrl-C the worker keeps the task while the thread runs (past a 0.5 s drain timeout it
+    logs drain_waiting_on_thread); the second, past or within the drain, exits 130 at
+    once, with the thread (Python would wait for it at exit), so it never acts; the task is
+    not handed back: it waits for its lease to expire, as after a crash."""
+    register(engine)
+    marker = tmp_path / "acted"
+    task_id = await engine.submit("blocking-one", {"seconds": SLOW_TOOL_S,
+                                                   "marker": str(marker)})
+    log_path = tmp_path / "worker.err"
+    with log_path.open("wb") as log:
+        process = _start_worker(engine.database.dsn, log, drain_timeout_s=drain_timeout_s)
+        try:
+            async def running() -> bool:
+                return any(record.type == "tool_call_intended"
+                           for record in await engine.history(task_id))
+
+            async def draining() -> bool:
+                return first_sign in log_path.read_text()
+
+            await _until(running, "the worker to start the blocking tool")
+            process.send_signal(signal.SIGINT)
+            await _until(draining, f"{first_sign!r} in the worker's log")
+            process.send_signal(signal.SIGINT)
+            started = time.monotonic()
+            await asyncio.to_thread(process.wait, SLOW_TOOL_S / 4)
+            took_s = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    text = log_path.read_text()
+    assert process.returncode == 130, text
+    assert "still running end with the process" in text
+    assert took_s < SLOW_TOOL_S / 8, took_s
+    assert not marker.exists()
+    types = [record.type for record in await engine.history(task_id)]
+    assert "task_released" not in types and "tool_call_completed" not in types, types

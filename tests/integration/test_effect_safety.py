@@ -544,3 +544,117 @@ async def test_cancel_while_a_def_tool_runs_in_its_thread(engine: Engine) -> Non
     assert (await engine.head(task_id)).status is Status.FAILED
     types = [type(record.decode()).__name__ for record in await engine.history(task_id)]
     assert types.count("ToolCallIntended") == 1
+
+
+# ---------------------------------------------------------------------------------------
+# A worker stopped past its drain timeout while a sync call's thread runs keeps the task
+# (its lease renewed) until that thread has ended: handed back earlier, the next owner would
+# look the call up or escalate it while the thread may still act. (The same with worker
+# processes and SIGTERM: tests/fault/test_effect_safety.py.)
+
+
+def _sample(name: str, **labels: str) -> float:
+    """A metric's value in the default registry (0 when never set)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_worker_stopped_during_a_timed_out_call_hands_back_after_its_thread(
+        engine: Engine) -> None:
+    """A def transfer with ``lookup`` that timed out (0.1 s) and acts after 1.5 s; the
+    worker is stopped while the run waits for that thread, drain timeout 0.2 s: the worker
+    returns only after the thread acted, the gauge of overrunning sync calls counted it
+    meanwhile, and the next owner's lookup finds the transfer: done once, no human. Before,
+    the drain's cancellation cut the wait short and handed the task back while the thread
+    could still act."""
+    done: dict[str, Any] = {}
+    acted_at: list[float] = []
+    started_at: list[float] = []
+
+    def transfer(args: Any) -> Any:
+        started_at.append(time.monotonic())
+        time.sleep(SLOW_S)
+        claim = current_call()
+        assert claim is not None
+        done[claim.key] = {"sent": args["amount"]}
+        acted_at.append(time.monotonic())
+        return done[claim.key]
+
+    async def lookup(key: str) -> Any:
+        return done.get(key)
+
+    @engine.agent("stopped-transfer")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("transfer", transfer, task_input, idempotent=False,
+                              timeout_s=0.1, lookup=lookup)
+
+    overruns = _sample("wal_engine_sync_call_overruns_total", reason="timed_out")
+    task_id = await engine.submit("stopped-transfer", {"amount": 7})
+    worker = engine.worker(concurrency=2, drain_timeout_s=0.2, **TIMINGS)
+    running = asyncio.create_task(worker.run())
+    await wait_until(lambda: started_at and time.monotonic() > started_at[0] + 0.4,
+                     "the call to be past its timeout", 20)
+    overrunning = _sample("wal_engine_sync_calls_overrunning")
+    worker.stop()
+    await running
+    returned_at = time.monotonic()
+    assert len(acted_at) == 1 and acted_at[0] < returned_at
+    assert overrunning >= 1
+    assert _sample("wal_engine_sync_call_overruns_total", reason="timed_out") > overruns
+    assert _sample("wal_engine_sync_calls_overrunning") == 0
+    assert (await engine.head(task_id)).status is Status.RESUMING
+    assert await _run(engine, task_id) is Status.COMPLETED
+    assert (await engine.state(task_id)).output == {"sent": 7}
+    assert len(done) == 1 and await escalations(engine, task_id) == []
+
+
+async def test_a_second_stop_during_a_sync_call_leaves_the_task_to_lease_expiry(
+        engine: Engine) -> None:
+    """Stopped once (drain 0.2 s) the run waits for its def tool's thread; cancelled again
+    (a forced stop, the CLI's second Ctrl-C) it gives up waiting but does not hand the task
+    back, as in a crash: the lease lapses and the next owner escalates the call with the
+    reconcile grace. The thread, released afterwards, finds its lease gone (ensure_lease
+    refuses) and does not act."""
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+    acted: list[str] = []
+
+    def charge(args: Any) -> Any:
+        started.set()
+        try:
+            release.wait(20)
+            ensure_lease()
+            acted.append("charged")
+            return {"charged": args["amount"]}
+        finally:
+            ended.set()
+
+    @engine.agent("forced-charge")
+    async def agent(ctx: AgentContext, task_input: Any) -> Any:
+        return await ctx.tool("charge", charge, task_input, idempotent=False)
+
+    stops = _sample("wal_engine_sync_call_overruns_total", reason="stopping")
+    task_id = await engine.submit("forced-charge", {"amount": 3})
+    worker = engine.worker(concurrency=2, drain_timeout_s=0.2, **TIMINGS)
+    running = asyncio.create_task(worker.run())
+    try:
+        await wait_until(started.is_set, "the tool's thread to start", 20)
+        worker.stop()
+        await wait_until(lambda: running.done() or _sample(
+            "wal_engine_sync_call_overruns_total", reason="stopping") > stops,
+                         "the drain to wait for the thread (or end)", 20)
+        types = [record.type for record in await engine.history(task_id)]
+        assert "task_released" not in types
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        types = [record.type for record in await engine.history(task_id)]
+        assert "task_released" not in types
+        assert (await engine.head(task_id)).status is Status.RUNNING
+    finally:
+        release.set()
+    await wait_until(ended.is_set, "the tool's thread to end", 20)
+    assert acted == []
+    await expire_leases(engine, [task_id])
+    assert await _run(engine, task_id) is Status.FAILED
+    assert [e.reason for e in await escalations(engine, task_id)] == ["interrupted"]

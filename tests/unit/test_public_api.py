@@ -227,6 +227,7 @@ SIGNATURES = {
         "'None'"
     ),
     'Worker.stop': "(self) -> 'None'",
+    'Worker.sync_calls_running': "(self) -> 'int'",
     'WorkerConfig': (
         "(*, concurrency: 'int' = 8, lease_ttl_ms: 'int' = 45000, heartbeat_ms: 'int' = "
         "15000, poll_ms: 'int' = 1000, sweep_ms: 'int' = 5000, drain_timeout_s: 'float' = "
@@ -330,7 +331,8 @@ TESTING_SIGNATURES = {
         "(dsn: 'str', worker_id: 'str', register: 'str', *, log_dir: 'Path', failpoint: 'str "
         "| None' = None, concurrency: 'int' = 4, lease_ttl_ms: 'int' = 1000, heartbeat_ms: "
         "'int' = 250, poll_ms: 'int' = 100, env: 'Mapping[str, str] | None' = None, wrapper: "
-        "'list[str] | None' = None, cwd: 'Path | None' = None) -> 'None'"
+        "'list[str] | None' = None, cwd: 'Path | None' = None, drain_timeout_s: 'float | "
+        "None' = None) -> 'None'"
     ),
     'advance_timers': "(engine: 'Engine', *, signal_timeouts: 'bool' = False) -> 'int'",
     'assert_no_violations': "(violations: 'Sequence[Violation]', context: 'str' = '') -> 'None'",

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import importlib
+import os
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import click
 import msgspec
@@ -116,9 +117,25 @@ async def _run_worker(runner: Any, until_idle: bool) -> None:
     except asyncio.CancelledError:
         if not handlers.forced:
             raise
+        if runner.sync_calls_running():
+            _exit_now(runner.sync_calls_running())
         raise CliError("interrupted: stopped before the drain ended", EXIT_INTERRUPTED) from None
     finally:
         handlers.remove()
+
+
+def _exit_now(running: int) -> NoReturn:
+    """End the process at once, with the threads of its sync calls: Python would otherwise
+    wait for them before exiting, and a thread could act after the lease it ran under
+    lapsed. Dying with it is a crash, which the next owner handles (the call is in doubt,
+    escalated with the reconcile grace or looked up)."""
+    try:
+        fail(f"interrupted: stopped before the drain ended; {running} sync call(s) still "
+             "running end with the process", EXIT_INTERRUPTED)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
 
 
 async def _worker(agents_spec: str, concurrency: int, worker_id: str | None,

@@ -2,7 +2,9 @@
 claims; running tasks are handed back at their next durable point), with a countdown on
 standard error; a second Ctrl-C stops at once: the worker's run is cancelled, which cancels
 its task runs and hands their tasks back as far as it can; a task it could not hand back
-resumes on another worker once its lease expires (nothing is lost, only delayed)."""
+resumes on another worker once its lease expires (nothing is lost, only delayed). A run whose
+plain ``def`` tool is still running in its thread is kept through the drain until the thread
+ends; on the second Ctrl-C the process exits at once with that thread (operate.py)."""
 
 from __future__ import annotations
 

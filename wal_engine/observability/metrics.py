@@ -16,6 +16,11 @@ The hooks are single calls placed in the engine where the thing happens:
 ``wal_engine_call_retries_total``         tool/LLM attempts retried, by ``kind`` and ``reason``
 ``wal_engine_budget_trips_total``         tasks failed by a budget, by ``budget``
 ``wal_engine_effects_deduplicated_total`` side effects answered from the dedup table
+``wal_engine_sync_calls_overrunning``     sync calls whose thread a run waits for (timed
+                                          out, or the worker stopping): one that stays up
+                                          is a thread that never returns
+``wal_engine_sync_call_overruns_total``   such waits begun, by ``reason`` (timed_out,
+                                          stopping)
 ``wal_engine_resume_events_folded``       events folded to resume a task (the replay length),
                                           by ``source`` (snapshot + tail, or the whole log)
 ``wal_engine_claims_by_agent_version``    claims, by ``agent`` and the ``version`` that started
@@ -177,7 +182,7 @@ class Instruments:
     """The engine's counters and histograms, registered in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         target = REGISTRY if registry is None else registry
         self.registry = target
@@ -211,6 +216,15 @@ class Instruments:
             "wal_engine_effects_deduplicated",
             "Side effects answered from the dedup table instead of acting again.",
             registry=target)
+        self.sync_calls_overrunning = Gauge(
+            "wal_engine_sync_calls_overrunning",
+            "Sync calls whose thread a run is waiting for (timed out, or the worker "
+            "stopping); a value that stays up is a thread that never returns.",
+            registry=target)
+        self.sync_call_overruns = Counter(
+            "wal_engine_sync_call_overruns",
+            "Waits begun for the thread of a sync call that timed out or whose worker "
+            "was stopping.", ["reason"], registry=target)
         self.resume_events_folded = Histogram(
             "wal_engine_resume_events_folded", "Events folded to resume a task.", ["source"],
             buckets=folded_buckets_events, registry=target)
@@ -323,6 +337,19 @@ def effect_deduplicated() -> None:
     """A side effect returned its recorded result instead of acting again."""
     if _instruments is not None:
         _instruments.effects_deduplicated.inc()
+
+
+def sync_call_overrunning(reason: str) -> None:
+    """A run began waiting for a sync call's thread (``reason``: timed_out, stopping)."""
+    if _instruments is not None:
+        _instruments.sync_call_overruns.labels(reason).inc()
+        _instruments.sync_calls_overrunning.inc()
+
+
+def sync_call_overrun_ended() -> None:
+    """A wait begun by :func:`sync_call_overrunning` ended."""
+    if _instruments is not None:
+        _instruments.sync_calls_overrunning.dec()
 
 
 def resumed(events_folded: int, from_snapshot: bool) -> None:

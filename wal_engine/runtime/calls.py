@@ -22,7 +22,9 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
@@ -55,6 +57,7 @@ from wal_engine.runtime.control import (
     RETRY_TIMER_PREFIX,
     Fenced,
     Finished,
+    StoppedAfterCall,
     Suspended,
     approval_signal,
     current_call_claim,
@@ -64,8 +67,10 @@ from wal_engine.runtime.control import (
 from wal_engine.runtime.steps import (
     RESULT_TYPE_ERROR,
     LlmResponse,
+    ThreadWaiting,
     call_function,
     convert_result,
+    outlast,
     wait_signal,
 )
 from wal_engine.security.redaction import (
@@ -300,9 +305,14 @@ class CallDriver:
         run, spec = self.run, self.spec
         tokens = current_call_claim.set(call_claim(run, key)), lease_check.set(run.lease_trusted)
         try:
-            result = await call_function(spec.function, argument, spec.timeout_s, run.executor)
+            with self._thread_watch(call_id) as waiting:
+                result = await call_function(spec.function, argument, spec.timeout_s,
+                                             run.executor, waiting, self._forced)
             if spec.kind == "tool":
                 failpoints.hit("after_effect_before_result")
+        except StoppedAfterCall as stop:
+            await self._record_stopped(call_id, key, attempt, stop)
+            raise
         except Exception as error:
             verdict = classify_failure(error, spec.retry, attempt,
                                        repeat_safe=spec.idempotent)
@@ -435,11 +445,79 @@ class CallDriver:
         doing it by hand) once the grace period passed, while the thread could still act
         (found by an audit: reconcile accepted at 1 s, the thread charged at 2.4 s). The
         lease keeper's thread renews the lease meanwhile, so no other worker takes the
-        call over; the loop is not blocked."""
+        call over; the loop is not blocked.
+
+        A stop of the worker meanwhile does not cut the wait short (the task would be
+        handed back while the thread may act); once the thread has ended the run unwinds
+        as stopped, and the next owner looks the call up or escalates it."""
         assert error.thread is not None
         self.run.log.warning("call_overran", call_id=call_id, timeout_s=error.timeout_s,
                              reason="waiting for the timed-out call's thread to end")
-        await asyncio.wrap_future(error.thread)
+        with self._thread_watch(call_id, error.timeout_s) as waiting:
+            stopped = await outlast(asyncio.wrap_future(error.thread), waiting,
+                                    self._forced)
+        if stopped:
+            raise asyncio.CancelledError("the worker stopped while a timed-out call's "
+                                         "thread ran; it has ended")
+
+    def _forced(self) -> bool:
+        """Whether the worker is going away without a drain (a cancellation not waited
+        through: the task is left to lease expiry, as in a crash)."""
+        return self.run.stop_forced
+
+    @contextlib.contextmanager
+    def _thread_watch(self, call_id: str,
+                      timeout_s: float | None = None) -> Iterator[ThreadWaiting]:
+        """A ``waiting`` callback for a wait on a sync call's thread: it logs the wait
+        (``drain_waiting_on_thread`` while the worker stops, ``call_overran`` again while a
+        timed-out call's thread runs on) and counts the call in the
+        ``wal_engine_sync_calls_overrunning`` gauge until the wait ends."""
+        log_ = self.run.log
+        counted: list[str] = []
+
+        def waiting(waited_s: float, stopped: bool) -> None:
+            if not counted:
+                counted.append("stopping" if stopped else "timed_out")
+                metrics.sync_call_overrunning(counted[0])
+            if stopped:
+                log_.warning("drain_waiting_on_thread", call_id=call_id,
+                             waited_s=round(waited_s, 3),
+                             reason="a sync call's thread still runs: the task is handed "
+                                    "back once it has ended")
+            elif waited_s > 0:
+                log_.warning("call_overran", call_id=call_id, timeout_s=timeout_s,
+                             waited_s=round(waited_s, 3),
+                             reason="the timed-out call's thread still runs")
+
+        try:
+            yield waiting
+        finally:
+            if counted:
+                metrics.sync_call_overrun_ended()
+
+    async def _record_stopped(self, call_id: str, key: str, attempt: int,
+                              stop: StoppedAfterCall) -> None:
+        """Record the outcome of an attempt whose run was stopped while its thread ran, now
+        that the thread has ended: the result, or the failure as classified (in doubt:
+        looked up or escalated, with the thread over). Never another attempt: the run
+        unwinds after this and hands its task back."""
+        spec = self.spec
+        try:
+            if not stop.failed:
+                await self._record_result(call_id, attempt, stop.outcome)
+                return
+            error = stop.outcome
+            if not isinstance(error, Exception):
+                raise stop  # The thread died of a BaseException: left in doubt in the log.
+            verdict = classify_failure(error, spec.retry, attempt, repeat_safe=spec.idempotent)
+            if verdict is Disposition.IN_DOUBT:
+                found, value = await self._resolve_doubt(call_id, key, attempt, error)
+                if found:
+                    return
+                verdict = value
+            await self._record_failure(call_id, attempt, error, verdict)
+        except ToolError:
+            pass  # Recorded (a result that does not fit its type, say): the run unwinds.
 
     async def _look_up(self, call_id: str, key: str) -> tuple[bool, Any]:
         """Ask the callee what it recorded under ``key``: ``(True, result or None)``, or

@@ -7,9 +7,10 @@ code's ``except Exception`` cannot swallow them.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from wal_engine.effects.gateway import Claim
@@ -55,6 +56,29 @@ class Finished(BaseException):
 
     A BaseException for the same reason as :class:`Suspended`.
     """
+
+
+class StoppedAfterCall(asyncio.CancelledError):
+    """The run was cancelled (a stop ran out of drain time) while a sync call's thread ran,
+    and that thread has ended since: its outcome is known and is recorded before the run
+    unwinds like the cancellation it is.
+
+    Attributes:
+        outcome: The finished attempt: its result, or the exception it raised (a
+            :class:`~wal_engine.errors.CallTimedOut` if it ran past its ``timeout_s``).
+        failed: Whether ``outcome`` is an exception.
+    """
+
+    def __init__(self, outcome: Any, *, failed: bool) -> None:
+        super().__init__("the worker stopped during the call; its thread has ended")
+        self.outcome = outcome
+        self.failed = failed
+
+
+class StoppedDuringCall(asyncio.CancelledError):
+    """The run was cancelled a second time (a forced stop) while a sync call's thread was
+    still running: the run ends without handing its task back, as in a crash; the lease
+    lapses and the next owner treats the call as in doubt, with the reconcile grace."""
 
 
 current_call_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(

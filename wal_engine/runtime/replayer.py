@@ -218,6 +218,8 @@ class _ReplayRun:
         self.code_ended = code_ended
         self.last_appended: list[ev.Event] = []
         self.log = get_logger(__name__).bind(task_id=state.task_id, replay=True)
+        self.stop_forced = False
+        """A replay runs no call (never waits for a thread): kept for the Run protocol."""
         self._state_cache: AgentState | None = None
 
     @property

@@ -46,7 +46,13 @@ from wal_engine.errors import (
 from wal_engine.observability import metrics
 from wal_engine.observability.logs import get_logger
 from wal_engine.retries import RUN_RECONNECT_RETRY, retrying
-from wal_engine.runtime.control import INTERNAL_PREFIX, Fenced, Finished, Suspended
+from wal_engine.runtime.control import (
+    INTERNAL_PREFIX,
+    Fenced,
+    Finished,
+    StoppedDuringCall,
+    Suspended,
+)
 from wal_engine.runtime.hooks import HookEvent, call_hook
 from wal_engine.runtime.ports import AgentSpec, RunHost, RunServices
 from wal_engine.security.redaction import (
@@ -114,6 +120,9 @@ class TaskRun:
         a renewal that no longer finds the lease is then no sign of another owner."""
         self.fenced_reason: str | None = None
         self.suspend_requested = False
+        self.stop_forced = False
+        """The worker is going away without a drain (cancelled, a forced stop): a
+        cancellation of this run is no longer survived to wait for a sync call's thread."""
         self.builder: StateBuilder | None = None
         self.journal: Journal | None = None
         self.log = log.bind(task_id=self.task_id, epoch=self.epoch, worker_id=self.worker_id)
@@ -211,11 +220,17 @@ class TaskRun:
                                  interruption=interruption + 1)
                 if interruption == interruptions_max or not await self._continue(error):
                     return
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as cancel:
                 # A graceful stop ran out of time while the agent was inside a call: hand
                 # the task back now rather than leave it to lease expiry. The call in
-                # flight stays in doubt in the log and is handled as such by the next owner.
-                if self.suspend_requested and self.leased and self.fenced_reason is None:
+                # flight stays in doubt in the log and is handled as such by the next owner
+                # (a sync call's thread has ended by now, its outcome recorded: steps.py).
+                # Stopped again while such a thread ran, the run hands nothing back: the
+                # lease lapses as in a crash, and the call is escalated with its grace.
+                if isinstance(cancel, StoppedDuringCall):
+                    self.log.warning("task_left_to_lease_expiry",
+                                     reason="stopped again while a sync call's thread ran")
+                elif self.suspend_requested and self.leased and self.fenced_reason is None:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(asyncio.wait_for(
                             self._release("worker stopped during a call"), release_timeout_s))

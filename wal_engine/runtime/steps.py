@@ -15,6 +15,7 @@ import contextvars
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,7 +32,13 @@ from wal_engine.errors import (
     ToolError,
 )
 from wal_engine.payloads import decode_payload
-from wal_engine.runtime.control import Fenced, Suspended, lease_check
+from wal_engine.runtime.control import (
+    Fenced,
+    StoppedAfterCall,
+    StoppedDuringCall,
+    Suspended,
+    lease_check,
+)
 from wal_engine.store import queries
 
 if TYPE_CHECKING:
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
 
 error_text_max: Final = 2000
 """Longest error text a failed conversion records (msgspec's message, cut)."""
+thread_report_interval_s: Final = 5.0
+"""How often a run waiting for a sync call's thread to end says so again in the logs."""
 
 
 class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,21 +135,34 @@ def _is_async(function: Callable[[Any], Any]) -> bool:
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
 
 
+ThreadWaiting = Callable[[float, bool], None]
+"""Told, while a run waits for a sync call's thread to end, the seconds waited so far and
+whether the run was stopped meanwhile (at the start, then every few seconds)."""
+
+
 async def call_function(function: Callable[[Any], Any], argument: Any,
                         timeout_s: float | None,
-                        executor: concurrent.futures.Executor | None) -> Any:
+                        executor: concurrent.futures.Executor | None,
+                        waiting: ThreadWaiting | None = None,
+                        forced: Callable[[], bool] | None = None) -> Any:
     """Call a user function with an optional timeout: an async one on the loop, a sync one
     on ``executor`` (the worker's pool; the loop itself only without one), in a copy of
     the caller's context so that ``ctx.idempotency_key`` and :func:`ensure_lease` work.
+    ``forced()`` says whether a cancellation is a forced stop (not waited through).
 
     A sync call waits for a free thread within its ``timeout_s``; one that never got a
     thread is dropped before it starts, and one whose lease can no longer be trusted when
-    its thread is free does not start either.
+    its thread is free does not start either. A run cancelled (a stop past its drain time)
+    while the call's thread runs waits for the thread to end (telling ``waiting``): the
+    thread cannot be stopped, and a task handed back meanwhile would let the next owner
+    escalate or look the call up while it may still act.
 
     Raises:
         CallTimedOut: past ``timeout_s`` (a sync call's thread may still be running it).
         DidNotAct: a sync call found no free thread within ``timeout_s``: it never started.
         LeaseExpired: the lease could not be trusted when the sync call's thread was free.
+        StoppedAfterCall: cancelled while the thread ran; it has ended, with this outcome.
+        StoppedDuringCall: cancelled twice (a forced stop) while the thread still ran.
     """
     failpoints.hit("during_effect")
     if executor is None or _is_async(function):
@@ -162,6 +184,7 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
         # The pool is shut down: the worker is going away and this attempt never started.
         # It unwinds the run like the cancellation it is, never as the tool's failure.
         raise asyncio.CancelledError("the worker's thread pool is shut down") from error
+    sent_at = time.monotonic()
     try:
         result = await asyncio.wait_for(asyncio.shield(thread), timeout_s)
     except TimeoutError as error:
@@ -172,11 +195,63 @@ async def call_function(function: Callable[[Any], Any], argument: Any,
                             "the call did not start") from error
         raise CallTimedOut(timeout_s or 0.0, _thread_future(thread)) from error
     except asyncio.CancelledError:
-        gate.abandon()  # The run is going away: a call still queued never starts.
-        raise
+        if gate.abandon():
+            raise  # The run is going away: a call still queued never starts.
+        if forced is not None and forced():
+            raise StoppedDuringCall("stopped without a drain while a sync call's thread "
+                                    "ran; the task is left to lease expiry") from None
+        await outlast(thread, waiting, forced, stopped=True)
+        raise _stopped_after(thread, timeout_s, time.monotonic() - sent_at) from None
     if inspect.isawaitable(result):  # A sync function that returned a coroutine.
         return await (asyncio.wait_for(result, timeout_s) if timeout_s else result)
     return result
+
+
+async def outlast(thread: asyncio.Future[Any], waiting: ThreadWaiting | None,
+                  forced: Callable[[], bool] | None = None, *, stopped: bool = False) -> bool:
+    """Wait until a sync call's ``thread`` has ended, through one cancellation of the run
+    (a graceful stop that ran out of drain time): the lease keeper renews the lease
+    meanwhile, so no other worker takes the call over while the thread may act. Returns
+    whether the run was stopped (cancelled) before or during the wait.
+
+    Raises:
+        StoppedDuringCall: cancelled again, or cancelled when ``forced()`` says the stop
+            is a forced one, while the thread still ran.
+    """
+    started = time.monotonic()
+    if waiting is not None:
+        waiting(0.0, stopped)
+    while not thread.done():
+        try:
+            # asyncio.wait never cancels what it waits for: the thread's future stays.
+            await asyncio.wait({thread}, timeout=thread_report_interval_s)
+        except asyncio.CancelledError:
+            if stopped or (forced is not None and forced()):
+                raise StoppedDuringCall("stopped again while a sync call's thread ran; "
+                                        "the task is left to lease expiry") from None
+            stopped = True
+            if waiting is not None:
+                waiting(time.monotonic() - started, stopped)
+            continue
+        if not thread.done() and waiting is not None:
+            waiting(time.monotonic() - started, stopped)
+    return stopped
+
+
+def _stopped_after(thread: asyncio.Future[Any], timeout_s: float | None,
+                   elapsed_s: float) -> StoppedAfterCall:
+    """The outcome of a sync call whose run was stopped while its thread ran, now that
+    the thread has ended: past ``timeout_s`` it timed out (in doubt, as it would have been
+    without the stop), otherwise what the function returned or raised."""
+    if timeout_s and elapsed_s > timeout_s:
+        return StoppedAfterCall(CallTimedOut(timeout_s, _thread_future(thread)), failed=True)
+    error = thread.exception()
+    if error is not None:
+        return StoppedAfterCall(error, failed=True)
+    result = thread.result()
+    if result is _abandoned:  # Cannot happen (the gate said it started); never a result.
+        return StoppedAfterCall(DidNotAct("the call did not start"), failed=True)
+    return StoppedAfterCall(result, failed=False)
 
 
 class _StartGate:
@@ -228,5 +303,8 @@ def _thread_future(thread: asyncio.Future[Any]) -> concurrent.futures.Future[Any
             future.exception()
         done.set_result(None)
 
-    thread.add_done_callback(finished)
+    if thread.done():
+        finished(thread)  # At once: a caller may ask still_running() before the loop turns.
+    else:
+        thread.add_done_callback(finished)
     return done

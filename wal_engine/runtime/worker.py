@@ -19,7 +19,9 @@ keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
 * listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
-durable point, hands it back (RESUMING), and returns.
+durable point, hands it back (RESUMING), and returns. Past ``drain_timeout_s`` the runs are
+cancelled; one inside a sync call keeps its task (lease renewed) until the call's thread
+has ended, records the outcome, then hands back (``drain_waiting_on_thread``).
 
 Plain ``def`` tools and LLM functions run on the worker's thread pool (``sync_threads``
 threads), never on its event loop; the pool is shut down with the worker.
@@ -33,10 +35,11 @@ import functools
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final
 
 import asyncpg
@@ -90,7 +93,9 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
         heartbeat_ms: Interval of lease renewal; must be at most a third of the TTL.
         poll_ms: Fallback claim interval when no NOTIFY arrives.
         sweep_ms: Longest wait between two sweeps for expired leases.
-        drain_timeout_s: How long a graceful stop waits for runs to reach a durable point.
+        drain_timeout_s: How long a graceful stop waits for runs to reach a durable point
+            (then they are cancelled; a run whose sync call's thread is running keeps its
+            task until that thread has ended, since the thread cannot be stopped).
         sync_threads: Threads that run plain ``def`` tools and LLM functions (0: the
             concurrency plus 4). A sync call that timed out keeps its thread until it
             returns, so the pool bounds how many of them can pile up; a call that finds
@@ -121,6 +126,33 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
                              "lease_ttl_ms")
         if self.heartbeat_ms * 3 > self.lease_ttl_ms:
             raise ValueError("heartbeat_ms must be at most lease_ttl_ms / 3 (RELIABILITY.md R6)")
+
+
+class SyncPool(ThreadPoolExecutor):
+    """The worker's thread pool for sync calls, counting the calls its threads run now."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._lock = threading.Lock()
+        self._busy = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def counted() -> Any:
+            with self._lock:
+                self._busy += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+        return super().submit(counted)
+
+    @property
+    def busy(self) -> int:
+        """Calls running on a thread of the pool now (a timed-out one included)."""
+        with self._lock:
+            return self._busy
 
 
 def new_worker_id() -> str:
@@ -156,12 +188,17 @@ class Worker:
             lease_ttl_ms=config.lease_ttl_ms, heartbeat_ms=config.heartbeat_ms,
             stall_warn_ms=config.stall_warn_ms, stall_abandon_ms=config.stall_abandon_ms,
             on_lost=self._lease_lost, worker_id=self.worker_id)
-        self.executor: ThreadPoolExecutor | None = None
+        self.executor: SyncPool | None = None
 
     @property
     def lease_ttl_ms(self) -> int:
         """The lease TTL of this worker's claims."""
         return self.config.lease_ttl_ms
+
+    def sync_calls_running(self) -> int:
+        """Sync calls (plain ``def`` tools, LLM functions) running on the worker's threads
+        now, a timed-out one included."""
+        return 0 if self.executor is None else self.executor.busy
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,7 +219,7 @@ class Worker:
         if install_signal_handlers:
             loop.add_signal_handler(signal.SIGTERM, self.stop)
             loop.add_signal_handler(signal.SIGINT, self.stop)
-        self.executor = ThreadPoolExecutor(
+        self.executor = SyncPool(
             max_workers=self.config.sync_threads or self.config.concurrency + 4,
             thread_name_prefix=f"wal-engine-sync-{self.worker_id}")
         self.keeper.start()
@@ -200,14 +237,22 @@ class Worker:
             # A worker that ends without draining (cancelled) takes its runs with it: left
             # running, they would go on with no keeper renewing their leases and no thread
             # pool for their sync calls (which would fail as if the tool had).
+            for run in self.runs.values():
+                run.stop_forced = True
             abandoned = [*loops, *self._run_tasks]
             for task in abandoned:
                 task.cancel()
             await asyncio.gather(*abandoned, return_exceptions=True)
             await asyncio.to_thread(self.keeper.stop)
-            # Threads of sync calls still running (timed out, their task handed back) are
-            # not waited for: they cannot be interrupted, and their calls are in doubt in
-            # the log, where the next owner handles them.
+            # A run keeps its task while its sync call's thread runs, even through a
+            # drain; one still running here belongs to a run cancelled twice (a forced
+            # stop): its task is left to lease expiry, as in a crash. It is not waited for
+            # here (it cannot be interrupted), but Python waits for it before the process
+            # exits: the CLI's forced stop exits at once instead (sync_calls_running).
+            running_calls = self.sync_calls_running()
+            if running_calls:
+                self.log.warning("worker_stopped_with_sync_calls_running",
+                                 running=running_calls)
             self.executor.shutdown(wait=False, cancel_futures=True)
             if install_signal_handlers:
                 loop.remove_signal_handler(signal.SIGTERM)

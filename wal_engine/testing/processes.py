@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from wal_engine.failpoints import ENV as FAILPOINT_ENV
-from wal_engine.testing.worker import HEARTBEAT_ENV, LEASE_TTL_ENV, POLL_ENV, READY
+from wal_engine.testing.worker import (
+    DRAIN_TIMEOUT_ENV,
+    HEARTBEAT_ENV,
+    LEASE_TTL_ENV,
+    POLL_ENV,
+    READY,
+)
 
 start_timeout_s: Final = 30.0
 
@@ -33,7 +39,7 @@ class WorkerProcess:
                  failpoint: str | None = None, concurrency: int = 4,
                  lease_ttl_ms: int = 1000, heartbeat_ms: int = 250, poll_ms: int = 100,
                  env: Mapping[str, str] | None = None, wrapper: list[str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, drain_timeout_s: float | None = None) -> None:
         self.worker_id = worker_id
         environment = {**os.environ, **(env or {})}
         environment.pop(FAILPOINT_ENV, None)
@@ -42,6 +48,9 @@ class WorkerProcess:
         environment[LEASE_TTL_ENV] = str(lease_ttl_ms)
         environment[HEARTBEAT_ENV] = str(heartbeat_ms)
         environment[POLL_ENV] = str(poll_ms)
+        environment.pop(DRAIN_TIMEOUT_ENV, None)
+        if drain_timeout_s is not None:
+            environment[DRAIN_TIMEOUT_ENV] = str(drain_timeout_s)
         self.log_path = log_dir / f"{worker_id}.log"
         self._log = self.log_path.open("wb")
         argv = [*(wrapper or []), sys.executable, "-m", "wal_engine.testing.worker", dsn,

@@ -2,7 +2,8 @@
 
 ``SPEC`` names the function that registers the agents, ``package.module:function`` (sync or
 async, called with the engine). Timings come from ``WAL_ENGINE_TEST_LEASE_TTL_MS``,
-``WAL_ENGINE_TEST_HEARTBEAT_MS`` and ``WAL_ENGINE_TEST_POLL_MS``; a failpoint from
+``WAL_ENGINE_TEST_HEARTBEAT_MS``, ``WAL_ENGINE_TEST_POLL_MS`` and (optional)
+``WAL_ENGINE_TEST_DRAIN_TIMEOUT_S``; a failpoint from
 ``ENGINE_FAILPOINT`` (``name:nth:sigkill``). Prints ``ready`` once it works and exits 0 on
 SIGTERM after handing its tasks back.
 """
@@ -20,6 +21,7 @@ from typing import Any, Final
 LEASE_TTL_ENV: Final = "WAL_ENGINE_TEST_LEASE_TTL_MS"
 HEARTBEAT_ENV: Final = "WAL_ENGINE_TEST_HEARTBEAT_MS"
 POLL_ENV: Final = "WAL_ENGINE_TEST_POLL_MS"
+DRAIN_TIMEOUT_ENV: Final = "WAL_ENGINE_TEST_DRAIN_TIMEOUT_S"
 READY: Final = "ready"
 
 
@@ -35,6 +37,7 @@ def load_register(spec: str) -> Callable[[Any], Any]:
 async def serve(dsn: str, worker_id: str, spec: str, concurrency: int) -> None:
     """Register the agents, run a worker until SIGTERM."""
     from wal_engine.engine import connect
+    from wal_engine.runtime.worker import WorkerConfig
 
     engine = await connect(dsn, migrate=False)
     try:
@@ -44,9 +47,10 @@ async def serve(dsn: str, worker_id: str, spec: str, concurrency: int) -> None:
         ttl_ms = int(os.environ.get(LEASE_TTL_ENV, "1000"))
         heartbeat_ms = int(os.environ.get(HEARTBEAT_ENV, "250"))
         poll_ms = int(os.environ.get(POLL_ENV, "100"))
+        drain_s = float(os.environ.get(DRAIN_TIMEOUT_ENV, WorkerConfig().drain_timeout_s))
         worker = engine.worker(concurrency=concurrency, worker_id=worker_id,
                                lease_ttl_ms=ttl_ms, heartbeat_ms=heartbeat_ms, poll_ms=poll_ms,
-                               sweep_ms=max(50, heartbeat_ms))
+                               sweep_ms=max(50, heartbeat_ms), drain_timeout_s=drain_s)
         print(READY, flush=True)
         await worker.run(install_signal_handlers=True)
     finally:
