@@ -13,7 +13,7 @@ import asyncpg
 from structlog.testing import capture_logs
 
 from tests.integration.tenant_roles import TenantRoles
-from wal_engine.engine import Engine
+from wal_engine.engine import Engine, connect
 from wal_engine.errors import DatabaseError, WalError
 from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.security.roles import APP_ROLE
@@ -97,7 +97,7 @@ async def test_the_lease_keeper_waits_out_a_refused_session(tenant_roles: Tenant
             assert alive()
         finally:
             keeper.stop()
-    assert lost == [("no-such-task", 1)]
+    assert set(lost) == {("no-such-task", 1)}
     assert keeper.renewals >= 1
 
 
@@ -130,3 +130,20 @@ async def test_the_worker_waits_out_a_refused_claim(app_engine: Engine,
         finally:
             worker.stop()
             await running
+
+
+async def test_connect_refused_during_its_checks_is_a_typed_error(
+        app_dsn: str, tenant_roles: TenantRoles) -> None:
+    """``connect`` reads the schema version on its first session: refused there (SELECT on
+    wal_schema_version revoked), it raises DatabaseError with the SQLSTATE, not the
+    driver's error."""
+    await _as_admin(tenant_roles, f"REVOKE SELECT ON wal_schema_version FROM {APP_ROLE}, PUBLIC")
+    try:
+        engine = await connect(app_dsn, migrate=False, development=False)
+    except WalError as error:
+        refused: WalError = error
+    else:
+        await engine.close()
+        raise AssertionError("connected without reading the schema version")
+    assert isinstance(refused, DatabaseError), repr(refused)
+    assert refused.sqlstate == "42501" and "wal_schema_version" in str(refused)

@@ -319,6 +319,10 @@ class Database:
             chosen = await _tenant_of_role(first, report, requested)
             await _prepare_database(first, resolved, migrate, report.may_administer,
                                     require_synchronous_commit)
+        except (asyncpg.PostgresError, *CONNECTION_ERRORS) as error:
+            # The checks' own statements (self-test, tenant, schema version) run on a bare
+            # connection: refused or cut, they are the engine's errors, not the driver's.
+            raise _open_failure(resolved, error) from error
         finally:
             await first.close()
         try:
@@ -435,6 +439,16 @@ class Database:
         """Like :meth:`fetch` for at most one row."""
         rows = await self.fetch(query, *args, task_id=task_id)
         return rows[0] if rows else None
+
+
+def _open_failure(dsn: str, error: BaseException) -> BaseException:
+    """The typed error for a statement of ``Database.open``'s first session: a refused
+    one is its own error or :class:`DatabaseError`, a lost connection or a transient
+    SQLSTATE (nothing was changed) :class:`DatabaseUnavailable`."""
+    translated = connect_failure(dsn, error)
+    if translated is not error:
+        return translated
+    return DatabaseUnavailable(redact_dsn(dsn), f"{type(error).__name__}: {error}")
 
 
 def _never(_error: BaseException) -> bool:
