@@ -39,6 +39,7 @@ import asyncpg
 import msgspec
 
 from wal_engine import failpoints
+from wal_engine.errors import DatabaseError
 from wal_engine.failpoints import SimulatedCrash
 from wal_engine.observability import metrics
 from wal_engine.observability.logs import get_logger
@@ -346,5 +347,8 @@ class _KeeperStopped(Exception):
 
 
 def _outage(error: BaseException) -> bool:
-    """A database outage, or a SQL error of the renewal session's start (waited out)."""
-    return is_unavailable(error) or isinstance(error, asyncpg.PostgresError)
+    """A database outage, or a SQL error of the renewal session's start (waited out):
+    ``connect_once`` makes a SQLSTATE the engine has no error of its own for (a revoked
+    CONNECT, 42501) a :class:`DatabaseError`, which must be waited out too, or the
+    keeper's thread would end and every lease lapse."""
+    return is_unavailable(error) or isinstance(error, DatabaseError | asyncpg.PostgresError)

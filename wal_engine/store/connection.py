@@ -323,6 +323,10 @@ class Database:
             except asyncpg.InsufficientPrivilegeError as error:
                 raise TenantRoleRefused(report.role, no_privileges(report.role, error)
                                         ) from error
+        except (asyncpg.PostgresError, *CONNECTION_ERRORS) as error:
+            # The checks' own statements (self-test, tenant, schema version) run on a bare
+            # connection: refused or cut, they are the engine's errors, not the driver's.
+            raise _open_failure(resolved, error) from error
         finally:
             await first.close()
         try:
@@ -448,6 +452,16 @@ def no_privileges(role: str, error: BaseException) -> str:
             "schema was applied without its roles, or this role is not one `wal-engine "
             "setup` made; run `wal-engine setup --dsn ADMIN_DSN` as a superuser and connect "
             "with the DSN it prints (docs/security.md)")
+
+
+def _open_failure(dsn: str, error: BaseException) -> BaseException:
+    """The typed error for a statement of ``Database.open``'s first session: a refused
+    one is its own error or :class:`DatabaseError`, a lost connection or a transient
+    SQLSTATE (nothing was changed) :class:`DatabaseUnavailable`."""
+    translated = connect_failure(dsn, error)
+    if translated is not error:
+        return translated
+    return DatabaseUnavailable(redact_dsn(dsn), f"{type(error).__name__}: {error}")
 
 
 def _never(_error: BaseException) -> bool:
