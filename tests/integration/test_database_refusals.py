@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from tests.integration.tenant_roles import TenantRoles
 from wal_engine.engine import Engine, connect
-from wal_engine.errors import DatabaseError, WalError
+from wal_engine.errors import DatabaseError, TenantRoleRefused, WalError
 from wal_engine.runtime.leases import LeaseKeeper
 from wal_engine.security.roles import APP_ROLE
 from wal_engine.store.connection import session_settings
@@ -135,8 +135,8 @@ async def test_the_worker_waits_out_a_refused_claim(app_engine: Engine,
 async def test_connect_refused_during_its_checks_is_a_typed_error(
         app_dsn: str, tenant_roles: TenantRoles) -> None:
     """``connect`` reads the schema version on its first session: refused there (SELECT on
-    wal_schema_version revoked), it raises DatabaseError with the SQLSTATE, not the
-    driver's error."""
+    wal_schema_version revoked), it raises TenantRoleRefused naming the missing privilege
+    and the command that grants it, not the driver's error."""
     await _as_admin(tenant_roles, f"REVOKE SELECT ON wal_schema_version FROM {APP_ROLE}, PUBLIC")
     try:
         engine = await connect(app_dsn, migrate=False, development=False)
@@ -145,5 +145,5 @@ async def test_connect_refused_during_its_checks_is_a_typed_error(
     else:
         await engine.close()
         raise AssertionError("connected without reading the schema version")
-    assert isinstance(refused, DatabaseError), repr(refused)
-    assert refused.sqlstate == "42501" and "wal_schema_version" in str(refused)
+    assert isinstance(refused, TenantRoleRefused), repr(refused)
+    assert "wal_schema_version" in str(refused) and "wal-engine setup" in str(refused)

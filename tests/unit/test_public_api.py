@@ -202,7 +202,7 @@ SIGNATURES = {
         "**options: 'Unpack[WorkerOptions]') -> 'Worker'"
     ),
     'EngineConfig': (
-        "(*, payload_bytes_max: 'int' = 1048576, pool_size_max: 'int' = 20, migrate: 'bool' ="
+        "(*, payload_bytes_max: 'int' = 67108864, pool_size_max: 'int' = 20, migrate: 'bool' ="
         " True, require_synchronous_commit: 'bool' = True, snapshot_policy: 'SnapshotPolicy |"
         " None' = None, redactor: 'Redactor | None' = "
         "<wal_engine.security.redaction.DefaultRedactor object>, secrets: 'SecretResolver | "
