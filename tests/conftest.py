@@ -120,7 +120,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                              if key == FIGURE_PROPERTY)
     if _times_path:
         with open(_times_path, "a", encoding="utf-8") as times:
-            times.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\n")
+            times.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\t"
+                        f"{report.outcome}\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -161,7 +162,7 @@ _times_path: str | None = None
 def pytest_configure(config: pytest.Config) -> None:
     """Queue files in collection order under xdist (see SLOW_FIRST). With
     WAL_ENGINE_TEST_TIMES=path, the controlling process appends each phase's duration (node
-    id, phase, seconds) to that file as it ends, so a run stopped part-way still says where
+    id, phase, seconds, outcome) to that file as it ends, so a run stopped part-way still says where
     its time went."""
     global _times_path
     if hasattr(config.option, "loadscopereorder"):
