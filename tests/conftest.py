@@ -162,8 +162,8 @@ _times_path: str | None = None
 def pytest_configure(config: pytest.Config) -> None:
     """Queue files in collection order under xdist (see SLOW_FIRST). With
     WAL_ENGINE_TEST_TIMES=path, the controlling process appends each phase's duration (node
-    id, phase, seconds, outcome) to that file as it ends, so a run stopped part-way still says where
-    its time went."""
+    id, phase, seconds, outcome) to that file as it ends, so a run stopped part-way still
+    says where its time went and what failed."""
     global _times_path
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
