@@ -257,9 +257,9 @@ PREFIXED_FORMATS: Final = (
     prefixed("deno_deploy_token", ("ddp_", "ddo_"), _ALNUM, 36),
     # Cloudflare's scannable formats: the prefix, 40 characters and a checksum.
     prefixed("cloudflare_token", ("cfut_", "cfat_", "cfk_"), _ALNUM, 40),
-    # PostHog personal keys (phc_ project keys are public by design and stay). The body
-    # stops at "_": Phoenix's phx_ identifiers are words joined by underscores.
-    prefixed("posthog_personal_key", ("phx_",), _ALNUM, 30),
+    # PostHog personal and secret keys, base 62 (phc_ project keys are public by design and
+    # stay). The body stops at "_": Phoenix's phx_ names are words joined by underscores.
+    prefixed("posthog_key", ("phx_", "phs_"), _ALNUM, 30),
     prefixed("figma_token", ("figp_",), "[A-Za-z0-9_=-]", 40),
     prefixed("apify_token", ("apify_api_",), _ALNUM, 30),
     # Chat, mail and payments.
