@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.secret_samples import FORMATS
+from tests.secret_samples import FORMATS, LOOK_ALIKES
 from wal_engine.security.redaction import DEFAULT_PATTERNS, DefaultRedactor
 
 SAMPLES = {name: secret for name, (secret, _text) in FORMATS.items()}
@@ -43,13 +43,21 @@ def test_prose_without_credentials_is_returned_as_is() -> None:
     assert DefaultRedactor().redact_text(text) is text
 
 
+@pytest.mark.parametrize("text", LOOK_ALIKES)
+def test_look_alikes_of_vendor_prefixes_are_kept(text: str) -> None:
+    """A public key (PostHog's phc_), identifiers and placeholders that start like a vendor
+    token, and prose naming the prefixes come back as the same object."""
+    assert DefaultRedactor().redact_text(text) is text
+
+
 # Pieces that make every default format, its gates and its triggers likely to meet, in and
 # out of order: the texts below hold near-misses as well as real credentials.
 _PIECES = [*SAMPLES.values(), *(text for _s, text in FORMATS.values()),
            "Bearer ", "bearer", "token", "Token", "password", "API_KEY",
            "authorization: basic ", "Authorization", ":", "=", " = ", "@", ".", "-", "_", "A",
            "J", "eyJ", "sk-", "ghp_", "https://", "user:pw@", "0", "7", " ", "\n", "abc",
-           "XYZ", "AKIA", "xoxb-", "glpat-", "npm_", "pypi-", "-----BEGIN ", "hooks.slack.com"]
+           "XYZ", "AKIA", "xoxb-", "glpat-", "npm_", "pypi-", "-----BEGIN ", "hooks.slack.com",
+           "tskey-auth-", "phx_", "CCIPAT_", *LOOK_ALIKES]
 
 
 # Cheap examples; near-misses need many draws. Pieces come two draws in three, random
