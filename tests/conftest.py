@@ -143,6 +143,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # (WAL_ENGINE_TEST_TIMES below records it); a file missing from it only runs later.
 SLOW_FIRST = (
     "tests/fault/test_w1_w3_crash_machine.py",
+    "tests/fault/test_w1_w3_crash_machine_tool_classes.py",
     "tests/property/test_effect_model.py",
     "tests/fault/test_n_network_faults.py",
     "tests/fault/test_d_database_faults.py",

@@ -77,16 +77,6 @@ def test_w1_w3_w7_l8_crash_machine_on_the_demo_agent(database_factory: DatabaseF
     assert stats.crash_points_fired >= CRASH_POINTS_MIN
 
 
-@pytest.mark.timeout(600)
-def test_w1_w3_l8_crash_machine_on_every_tool_class(database_factory: DatabaseFactory) -> None:
-    """The machine on the ledgered agent: LLM, T-idem, T-db, T-lookup, T-unsafe, a durable
-    sleep and a signal wait; only escalations of non-idempotent calls may differ from the
-    crash-free run."""
-    stats = run_crash_machine(LEDGERED, database_factory,
-                              settings_=settings(crash_settings("crash-ci"), max_examples=50))
-    _report("W1-W3/L8 machine, ledgered agent (every tool class)", stats)
-
-
 @pytest.mark.timeout(deep_count(6 * 3600, 3600))
 @pytest.mark.parametrize("config", [DEMO, LEDGERED], ids=["demo", "ledgered"])
 @deep_only[0]
