@@ -147,6 +147,7 @@ AGENT_ROWS: Final = (
              ("dbos", "dbos_openai_agents"), "pip install -e '.[openai-agents,bench]'"),
 )
 AGENT_ROUNDS_MIN: Final = 2
+AGENT_OPS_MIN: Final = 2
 AGENT_OPS_DIVISOR: Final = 10
 """An agent run is a few hundred ms, not one step: the rows take a tenth of --ops."""
 AGENT_WARMUP_OPS: Final = 1
@@ -451,7 +452,7 @@ async def run_agent_rows(run: Run, names: list[str]) -> None:
 async def _run_agent_row(run: Run, row: AgentRow, arguments: dict[str, Any]) -> None:
     dbos = "system_url" in arguments
     rounds = max(AGENT_ROUNDS_MIN, run.settings.rounds)
-    ops = max(AGENT_ROUNDS_MIN, run.settings.ops // AGENT_OPS_DIVISOR)
+    ops = max(AGENT_OPS_MIN, run.settings.ops // AGENT_OPS_DIVISOR)
     steps = OPENAI_AGENTS_QUICK_STEPS if run.settings.quick else OPENAI_AGENTS_STEPS
     arguments["steps"] = steps
     peer = RemotePeer(row.child, row.framework)
