@@ -13,8 +13,11 @@ runner's own cost. Workloads (``Runner.run`` in memory is the reference of each 
   task. wal-engine's step is a checkpoint, an LLM call and a tool call written ahead: five
   fenced, hash-chained appends, each one commit.
 
-The SDK's Temporal and DBOS integrations are not measured here: they need a Temporal
-server or DBOS's own runtime around the SDK, which this machine's suite does not run.
+DBOS's integration of the SDK (``dbos-openai-agents``' ``DBOSRunner``) is a contender of the
+suite's ``openai-agents`` row (``python -m benchmarks --only openai-agents``,
+:mod:`benchmarks.peers_openai_agents`), which runs this module's agent in a child process
+with DBOS launched there. The SDK's Temporal integration is measured nowhere: its test
+server is a binary downloaded at run time, which this machine cannot fetch.
 
 Usage: ``python -m benchmarks.openai_agents [--dsn DSN] [--quick] [--rounds N] [--ops N]``.
 """
@@ -77,15 +80,20 @@ class StepModel(Model):
         raise NotImplementedError
 
 
-@function_tool
-def step(n: int) -> str:
-    """One step of work."""
+def step_done(n: int) -> str:
+    """The tool's answer for step ``n``."""
     return f"step {n} done"
 
 
-def agent(steps: int) -> Agent[Any]:
-    """The agent of a run of ``steps`` steps."""
-    return Agent(name="stepper", instructions="step", model=StepModel(steps), tools=[step])
+@function_tool
+def step(n: int) -> str:
+    """One step of work."""
+    return step_done(n)
+
+
+def agent(steps: int, tool: Any = step) -> Agent[Any]:
+    """The agent of a run of ``steps`` steps (``tool`` is the ``step`` tool it calls)."""
+    return Agent(name="stepper", instructions="step", model=StepModel(steps), tools=[tool])
 
 
 def register(engine: Engine, steps: tuple[int, ...]) -> None:
@@ -117,11 +125,12 @@ def contenders(engine: Engine, steps: int) -> list[harness.Contender]:
             harness.Contender(name=WAL, operation=durable)]
 
 
-def per_step_us(results: list[harness.WorkloadResult], steps: int) -> dict[str, float]:
+def per_step_us(results: list[harness.WorkloadResult], steps: int,
+                names: tuple[str, ...] = (SDK, WAL)) -> dict[str, float]:
     """Each contender's marginal cost of one step, from the two run lengths' medians."""
     short, long = results
     return {name: (long.contender(name).p50_us - short.contender(name).p50_us) / (steps - 1)
-            for name in (SDK, WAL)}
+            for name in names}
 
 
 async def main() -> int:

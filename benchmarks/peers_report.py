@@ -28,6 +28,9 @@ BYTES_GROWTH_MAX: Final = 1.25
 """Bytes per step count as constant when the largest history's (average, and over its last
 tenth) stays within this factor of the smallest history's average."""
 
+AGENT_ROW_PREFIXES: Final = ("pydantic-ai", "openai-agents")
+"""Workloads of the agent rows (benchmarks.suite.AGENT_ROWS), which have no summary row."""
+
 ROWS: Final = (
     ("raw", "raw asyncpg (reference)", "raw asyncpg: 2 INSERT commits",
      "floor: state row + decode"),
@@ -258,13 +261,19 @@ class Report:
             f"{self.machine_rss():.0f} MiB",
         ]
         lines += [f"- skipped {key}: {reason}" for key, reason in run.skipped.items()]
-        lines += ["", *self._descriptions(), "", harness.format_table(run.results), "",
-                  "### Per contender", "", self.summary_table(), "", "### Targets", ""]
-        for target in self.targets():
-            mark = {True: "met", False: "MISSED", None: "not measured"}[target.met]
-            lines.append(f"- **{mark}**: {target.name}: {target.measured}")
-        lines += ["", *self._notes()]
+        lines += ["", *self._descriptions(), "", harness.format_table(run.results), ""]
+        if self.peer_workloads_ran():
+            lines += ["### Per contender", "", self.summary_table(), "", "### Targets", ""]
+            for target in self.targets():
+                mark = {True: "met", False: "MISSED", None: "not measured"}[target.met]
+                lines.append(f"- **{mark}**: {target.name}: {target.measured}")
+            lines.append("")
+        lines += list(self._notes())
         return "\n".join(lines)
+
+    def peer_workloads_ran(self) -> bool:
+        """Whether a workload of the peers (step, step64, resume) ran: else no summary."""
+        return any(not name.startswith(AGENT_ROW_PREFIXES) for name in self.workloads)
 
     def _descriptions(self) -> Iterable[str]:
         for workload in self.run.results:
@@ -295,6 +304,18 @@ class Report:
                     yield (f"- {key} {int(size):,} steps: the first steps were written as one "
                            f"state update; bytes and steps/s are over the last "
                            f"{figures['window_steps']} real steps only.")
+        for key, row in notes.get("agent_rows", {}).items():
+            per_step = row.get("per_step_us", {})
+            ratios = row.get("per_step_ratio", {})
+            how = ("p50 of a run / steps per run" if key == "pydantic-ai" else
+                   f"marginal, (p50 at {row.get('steps')} - p50 at 1) / {row.get('steps', 1) - 1}")
+            figures = "; ".join(f"{name} {value / 1000:.2f} ms ({_number(ratios.get(name), 2)}x)"
+                                for name, value in per_step.items())
+            counted = row.get("dbos_steps_per_run")
+            dbos = "" if counted is None else f" DBOS recorded {counted} steps per run."
+            yield f"- `{key}` per step ({how}): {figures}.{dbos}"
+        if not self.peer_workloads_ran():
+            return
         yield ("- bytes/step: growth of the contender's tables (heap, indexes, TOAST) while "
                "its task was written, per step; 'last tenth' is over the last tenth of the "
                "steps. Build steps/s: the same writes, one task, one step at a time.")

@@ -22,6 +22,23 @@ Workloads, each running its contenders interleaved in rounds (A B C D, B C D A, 
   wal-engine ``resume`` on a fresh connection, LangGraph ``aget_tuple`` on a fresh saver,
   DBOS recovery in a fresh process.
 
+Agent rows, each an agent framework's own in-memory run (the reference) against the same
+agent made durable by wal-engine's integration and by DBOS's (all three in one child
+process; DBOS on a database of its own, ``<suite database>_dbos_<row>``), interleaved:
+
+* ``pydantic-ai``: one run of :mod:`benchmarks.pydantic_ai_agent`'s agent (4 tool calls
+  and a structured answer: 9 model requests and tool calls), per step = p50 / 9
+  (:mod:`benchmarks.peers_pydantic_ai`); needs the ``pydantic-ai`` extra, DBOS
+  ``pydantic-ai-slim[dbos]``;
+* ``openai-agents``: runs of 1 and of S steps (20; ``--quick`` 5) of
+  :mod:`benchmarks.openai_agents`' agent, per step = the marginal cost of one model turn and
+  tool call, (p50 at S - p50 at 1) / (S - 1) (:mod:`benchmarks.peers_openai_agents`); needs
+  the ``openai-agents`` extra, DBOS ``dbos-openai-agents``.
+
+A row whose framework is not installed is skipped with a line saying so; its DBOS contender
+likewise. Temporal's integrations are measured nowhere: their test server is a binary that
+``temporalio`` downloads at run time, which this machine cannot fetch.
+
 Between the two, every contender builds its N-step task in a child process (one at a
 time), which reports the growth of the contender's tables (``pg_total_relation_size``:
 heap, indexes, TOAST) per step, on average and over the last tenth of the steps, its
@@ -101,12 +118,51 @@ PEER_PACKAGES: Final = {
     "langgraph": ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres",
                   "langchain-core", "psycopg", "psycopg-pool"),
     "dbos": ("dbos", "sqlalchemy", "psycopg"),
+    "pydantic-ai": ("pydantic-ai-slim",),
+    "openai-agents": ("openai-agents", "dbos-openai-agents"),
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentRow:
+    """An agent framework's row: its child module, and what its contenders need."""
+
+    key: str
+    """The workload name (``--only``)."""
+    child: str
+    """``benchmarks.peers_<child>`` holds the row's contenders."""
+    framework: str
+    modules: tuple[str, ...]
+    extra: str
+    dbos_modules: tuple[str, ...]
+    dbos_install: str
+
+
+AGENT_ROWS: Final = (
+    AgentRow("pydantic-ai", "pydantic_ai", "Pydantic AI",
+             ("pydantic_ai.durable_exec",), "pip install -e '.[pydantic-ai]'",
+             ("dbos",), "pip install -e '.[pydantic-ai,bench]'"),
+    AgentRow("openai-agents", "openai_agents", "OpenAI Agents SDK",
+             ("agents",), "pip install -e '.[openai-agents]'",
+             ("dbos", "dbos_openai_agents"), "pip install -e '.[openai-agents,bench]'"),
+)
+AGENT_ROUNDS_MIN: Final = 2
+AGENT_OPS_MIN: Final = 2
+AGENT_OPS_DIVISOR: Final = 10
+"""An agent run is a few hundred ms, not one step: the rows take a tenth of --ops."""
+AGENT_WARMUP_OPS: Final = 1
+OPENAI_AGENTS_STEPS: Final = 20
+OPENAI_AGENTS_QUICK_STEPS: Final = 5
 
 
 def missing_module(spec: PeerSpec) -> str | None:
     """The first module of ``spec`` that cannot be imported, or None."""
-    for module in spec.modules:
+    return first_missing(spec.modules)
+
+
+def first_missing(modules: tuple[str, ...]) -> str | None:
+    """The first of ``modules`` that cannot be imported, or None."""
+    for module in modules:
         try:
             if importlib.util.find_spec(module) is None:
                 return module
@@ -131,6 +187,9 @@ class Run:
     recoveries: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     live: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    agent_dbos: bool = True
+    """Whether the agent rows take their DBOS contender (not when --peers leaves dbos out)."""
+    keep: bool = False
 
     def active(self, key: str) -> bool:
         """Whether the peer ``key`` takes part (installed, selected, not failed)."""
@@ -349,6 +408,126 @@ async def run_resume_workloads(run: Run) -> None:
                                                       rounds=rounds))
 
 
+# ----------------------------------------------------------------------------- agent rows
+
+
+def agent_dbos_database(run: Run, row: AgentRow) -> str:
+    """The name of the DBOS system database of ``row``."""
+    name = urllib.parse.urlsplit(run.dsn).path.lstrip("/") or "postgres"
+    return f"{name}_dbos_{row.child}"
+
+
+async def run_agent_rows(run: Run, names: list[str]) -> None:
+    """Phase 4: each selected agent row, its contenders in one child process, interleaved."""
+    for row in AGENT_ROWS:
+        if row.key not in names:
+            continue
+        missing = first_missing(row.modules)
+        if missing is not None:
+            reason = f"not installed (no module {missing!r}; {row.extra})"
+            run.skipped[row.key] = reason
+            print(f"skipping {row.key}: {reason}", file=sys.stderr, flush=True)
+            continue
+        arguments: dict[str, Any] = {"dsn": run.dsn}
+        database = None
+        dbos_missing = first_missing(row.dbos_modules)
+        if not run.agent_dbos:
+            run.skipped[f"{row.key} DBOS"] = "not selected (--peers)"
+        elif dbos_missing is not None:
+            reason = f"not installed (no module {dbos_missing!r}; {row.dbos_install})"
+            run.skipped[f"{row.key} DBOS"] = reason
+            print(f"skipping {row.key}'s DBOS contender: {reason}", file=sys.stderr,
+                  flush=True)
+        else:
+            database = agent_dbos_database(run, row)
+            await recreate_database(run.dsn, database)
+            arguments["system_url"] = with_database(run.dsn, database)
+        try:
+            await _run_agent_row(run, row, arguments)
+        finally:
+            if database is not None and not run.keep:
+                await recreate_database(run.dsn, database, create=False)
+
+
+async def _run_agent_row(run: Run, row: AgentRow, arguments: dict[str, Any]) -> None:
+    dbos = "system_url" in arguments
+    rounds = max(AGENT_ROUNDS_MIN, run.settings.rounds)
+    ops = max(AGENT_OPS_MIN, run.settings.ops // AGENT_OPS_DIVISOR)
+    steps = OPENAI_AGENTS_QUICK_STEPS if run.settings.quick else OPENAI_AGENTS_STEPS
+    arguments["steps"] = steps
+    peer = RemotePeer(row.child, row.framework)
+    await peer.start(arguments)
+    try:
+        if row.key == "pydantic-ai":
+            await _pydantic_ai_row(run, peer, dbos, rounds, ops)
+        else:
+            await _openai_agents_row(run, peer, dbos, rounds, ops, steps)
+    finally:
+        figures = await peer.close()
+        run.notes.setdefault("agent_rows", {}).setdefault(row.key, {}).update(figures)
+
+
+def _agent_contenders(peer: RemotePeer, names: dict[str, str], *, ops: int,
+                      events: int) -> list[harness.Contender]:
+    return [remote_contender(peer, name, method, ops=ops, warmup=AGENT_WARMUP_OPS,
+                             events_per_op=events, reference=index == 0)
+            for index, (method, name) in enumerate(names.items())]
+
+
+PYDANTIC_AI_NAMES: Final = {"in_memory": "Pydantic AI in-memory",
+                            "wal": "Pydantic AI + wal-engine WalDurability",
+                            "dbos": "Pydantic AI + DBOS DBOSDurability"}
+OPENAI_AGENTS_NAMES: Final = {"sdk": "SDK Runner.run in-memory",
+                              "wal": "SDK + wal-engine DurableRunner",
+                              "dbos": "SDK + DBOS DBOSRunner"}
+
+
+def _per_step_note(values: dict[str, float], reference: str) -> dict[str, Any]:
+    base = values[reference]
+    return {"per_step_us": values,
+            "per_step_ratio": {name: value / base if base > 0 else None
+                               for name, value in values.items()}}
+
+
+async def _pydantic_ai_row(run: Run, peer: RemotePeer, dbos: bool, rounds: int,
+                           ops: int) -> None:
+    from benchmarks import pydantic_ai_agent
+
+    steps = pydantic_ai_agent.STEPS
+    names = {method: name for method, name in PYDANTIC_AI_NAMES.items()
+             if dbos or method != "dbos"}
+    workload = harness.Workload(
+        "pydantic-ai", f"one Pydantic AI agent run ({pydantic_ai_agent.TOOL_CALLS} tool calls "
+        f"and a structured answer: {steps} model requests and tool calls; events = steps)",
+        _agent_contenders(peer, names, ops=ops, events=steps), ops, warmup_ops=0)
+    result = await harness.run_workload(workload, rounds=rounds)
+    run.results.append(result)
+    per_step = {c.name: c.p50_us / steps for c in result.contenders}
+    run.notes.setdefault("agent_rows", {})["pydantic-ai"] = {
+        "steps_per_run": steps, **_per_step_note(per_step, PYDANTIC_AI_NAMES["in_memory"])}
+
+
+async def _openai_agents_row(run: Run, peer: RemotePeer, dbos: bool, rounds: int, ops: int,
+                             steps: int) -> None:
+    from benchmarks import openai_agents
+
+    results = []
+    for count, suffix in ((1, "1"), (steps, "n")):
+        names = {f"{method}_{suffix}": name for method, name in OPENAI_AGENTS_NAMES.items()
+                 if dbos or method != "dbos"}
+        workload = harness.Workload(
+            f"openai-agents@{count}", f"one OpenAI Agents SDK run of {count} model turn(s) "
+            "and tool call(s), then an answer; events = steps",
+            _agent_contenders(peer, names, ops=ops, events=count), ops, warmup_ops=0)
+        results.append(await harness.run_workload(workload, rounds=rounds))
+    run.results.extend(results)
+    contenders = tuple(name for name in OPENAI_AGENTS_NAMES.values()
+                       if any(c.name == name for c in results[0].contenders))
+    per_step = openai_agents.per_step_us(results, steps, contenders)
+    run.notes.setdefault("agent_rows", {})["openai-agents"] = {
+        "steps": steps, **_per_step_note(per_step, OPENAI_AGENTS_NAMES["sdk"])}
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -359,7 +538,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.prog = "python -m benchmarks"
     parser.add_argument(
         "--peers", type=lambda text: [name for name in text.split(",") if name],
-        help="optional peers to run (default: every installed one of langgraph,dbos)")
+        help="optional peers to run (default: every installed one of langgraph,dbos; "
+        "without dbos the agent rows leave their DBOS contender out)")
     parser.add_argument(
         "--keep", action="store_true",
         help=f"keep the databases the suite created ({SUITE_DATABASE}, DBOS's) for inspection")
@@ -392,14 +572,16 @@ async def main() -> int:
     """Run the suite; print the report; write the JSON."""
     args = argument_parser().parse_args()
     settings = harness.RunSettings.from_args(args, quick_rounds=3, quick_ops=10)
-    phases = harness.selected(["step", f"step{CONCURRENT_TASKS}", "resume"], args)
+    phases = harness.selected(["step", f"step{CONCURRENT_TASKS}", "resume",
+                               *(row.key for row in AGENT_ROWS)], args)
     peers, skipped = select_peers(args)
     for key, reason in skipped.items():
         print(f"skipping {key}: {reason}", file=sys.stderr, flush=True)
     dsn, dbos_url = await prepare_databases(args.dsn)
     run = Run(settings=settings, sizes=args.sizes or (QUICK_SIZES if args.quick else SIZES),
               dsn=dsn, dbos_url=dbos_url, run_id=uuid.uuid4().hex[:8], peers=peers,
-              skipped=skipped)
+              skipped=skipped, agent_dbos=args.peers is None or "dbos" in args.peers,
+              keep=args.keep)
     started = time.monotonic()
     machine = await harness.describe_machine(dsn)
     machine["packages"].update(peers_report.peer_versions(PEER_PACKAGES))
@@ -409,6 +591,7 @@ async def main() -> int:
         if "resume" in phases:
             await build_histories(run)
             await run_resume_workloads(run)
+        await run_agent_rows(run, phases)
     finally:
         if not args.keep:
             await recreate_database(dsn, urllib.parse.urlsplit(dbos_url).path.lstrip("/"),
