@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.fault import ledger_agents
 from tests.fault.support import DEEP, check_everything, ledgered_engine, report
 from tests.helpers import log_snapshot
+from wal_engine import limits
 from wal_engine.chain import event_hash
 from wal_engine.engine import Engine
 from wal_engine.errors import (
@@ -164,7 +165,7 @@ async def test_b1_hand_corpus_at_every_entry_point(engine: Engine) -> None:
 HOSTILE_VALUES: dict[str, Any] = {
     "nan": float("nan"), "infinity": float("inf"), "minus_infinity": float("-inf"),
     "nul": "a\x00b", "surrogate": "\ud800", "bytes": b"\xff\xfe", "set": {1, 2},
-    "deep": None, "huge_int": 2**64, "over_cap": "x" * (1024 * 1024 + 1),
+    "deep": None, "huge_int": 2**64, "over_cap": "x" * (limits.payload_bytes_max + 1),
     "key_not_str": {1: "x"},
 }
 
