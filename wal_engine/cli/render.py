@@ -69,8 +69,10 @@ def event_json(record: EventRecord) -> dict[str, Any]:
     return {**record_json(record, omit=_event_omitted), "payload": payload_of(record)}
 
 
-_event_omitted: Final = frozenset({"payload", "chain_version"})
-"""``chain_version`` is not in the ``history --json`` shape (``verify`` reads it)."""
+_event_omitted: Final = frozenset({"payload", "chain_version", "row_payload", "payload_cut"})
+"""``chain_version`` is not in the ``history --json`` shape (``verify`` reads it), nor are
+the store's large-value bookkeeping (the row's own bytes with digests in place of large
+values, and whether a read page was cut): ``payload`` is the whole value."""
 
 
 def summary(record: EventRecord) -> str:
