@@ -272,12 +272,15 @@ class SignalReceived(Event, tag="signal_received", frozen=True, kw_only=True):
 
 
 class ApprovalRequested(Event, tag="approval_requested", frozen=True, kw_only=True):
-    """A human must approve the exact planned call (tool and hash of its canonical args)."""
+    """A human must approve the exact planned call (tool and hash of its canonical args).
+    ``args`` are those arguments as the log records them (redacted), so whoever approves
+    sees what they approve (``wal-engine pending``); None in histories written before."""
 
     call_id: str
     tool: str
     args_hash: str
     signal_name: str
+    args: Any = None
 
 
 class ApprovalDecided(Event, tag="approval_decided", frozen=True, kw_only=True):

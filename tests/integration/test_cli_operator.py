@@ -55,8 +55,9 @@ async def test_timer_fire_resumes_a_sleeping_task(engine: Engine) -> None:
 
 
 async def test_pending_lists_each_wait_and_reconcile_resolves_one(engine: Engine) -> None:
-    """pending names the signal, the approval (tool, argument hash) and the escalated call
-    (tool, arguments); reconcile --failed lets the escalated task go on to its end."""
+    """pending names the signal, the approval (tool, arguments and their hash) and the
+    escalated call (tool, arguments); reconcile --failed lets the escalated task go on to
+    its end."""
     register(engine)
     dsn = engine.database.dsn
     signal_task = await engine.submit("op-signal", task_id="op-1-signal")
@@ -76,10 +77,12 @@ async def test_pending_lists_each_wait_and_reconcile_resolves_one(engine: Engine
     approval = listed[approve_task]
     assert approval["waiting_for"] == "approval" and approval["tool"] == "wire"
     assert len(approval["args_hash"]) == 64
+    assert approval["arguments"] == {"cents": 7}  # what the approver approves, not a hash
     escalated = listed[unsafe_task]
     assert escalated["waiting_for"] == "reconcile" and escalated["tool"] == "charge"
     assert escalated["arguments"] == {"cents": 5}
     human = (await cli("pending", "--dsn", dsn)).stdout
+    assert "approval of wire({'cents': 7})" in human
     assert f"wal-engine reconcile {unsafe_task} {escalated['call_id']}" in human
     both = await cli("reconcile", unsafe_task, escalated["call_id"], "--result", "{}",
                      "--failed", "x", "--dsn", dsn)

@@ -69,12 +69,18 @@ async def _pending(dsn: str | None) -> list[dict[str, Any]]:
 
 async def _describe_call(engine: Any, task_id: str, call_id: str,
                          item: dict[str, Any]) -> None:
-    """Fill in the call's tool, argument hash and (from its intent) arguments. An approval
-    precedes the intent, whose arguments are then not in the log yet: only their hash."""
+    """Fill in the call's tool, argument hash and arguments: an approval's from its request
+    (histories written before it recorded them show only the hash), a call's from its
+    intent."""
     state = await engine.state(task_id)
     approval = state.approvals.get(call_id)
     if approval is not None:
         item["tool"], item["args_hash"] = approval.tool, approval.args_hash
+        (requested,) = await engine.store.read_events(
+            task_id, from_seq=approval.requested_seq, to_seq=approval.requested_seq, limit=1)
+        asked = decode_payload(requested.payload)
+        if isinstance(asked, dict):
+            item["arguments"] = asked.get("args")
     call = state.calls.get(call_id)
     if call is None:
         return

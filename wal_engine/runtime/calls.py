@@ -592,7 +592,8 @@ class CallDriver:
         """Wait until a human approved this exact call (tool and hash of its arguments);
         a refusal fails the task."""
         run, spec = self.run, self.spec
-        decision = await decide_approval(run, call_id, spec.name, spec.args_hash)
+        decision = await decide_approval(run, call_id, spec.name, spec.args_hash,
+                                         spec.stored_args)
         if decision.approved:
             return
         await run.fail("approval_refused", None, diagnostic_extra={
@@ -600,10 +601,11 @@ class CallDriver:
         raise Finished
 
 
-async def decide_approval(run: Run, call_id: str, tool: str,
-                          hashed: str) -> ev.ApprovalDecided:
+async def decide_approval(run: Run, call_id: str, tool: str, hashed: str,
+                          args: Any = None) -> ev.ApprovalDecided:
     """Request a human's decision on the planned call ``call_id`` (``tool`` with arguments
-    of hash ``hashed``) and wait durably for it; return it once recorded.
+    ``args``, recorded redacted, of hash ``hashed``) and wait durably for it; return it
+    once recorded.
 
     Raises:
         ToolError: too many answers that did not match the planned call.
@@ -612,7 +614,7 @@ async def decide_approval(run: Run, call_id: str, tool: str,
     approval = run.view.approvals.get(call_id)
     if approval is None:
         await run.append([ev.ApprovalRequested(call_id=call_id, tool=tool, args_hash=hashed,
-                                               signal_name=signal_name)])
+                                               signal_name=signal_name, args=args)])
     elif approval.approved is not None:
         assert approval.approver is not None
         return ev.ApprovalDecided(call_id=call_id, approved=approval.approved,

@@ -292,7 +292,8 @@ class AgentContext:
         Returns:
             The decision: approved or not, by whom, with the approver's comment.
         """
-        hashed = args_hash(self._run.redact(args))
+        redacted = self._run.redact(args)
+        hashed = args_hash(redacted)
         # A value's journal entry has no args hash: the decision carries the hash it
         # answered, checked here on a re-run. Its name is recorded redacted (the journal
         # compares the redacted form of the one given here).
@@ -310,7 +311,7 @@ class AgentContext:
                     requested=CallSignature(kind="approval", name=name, args_hash=hashed))
             return decision
         assert isinstance(outcome, Fresh)
-        decided = await decide_approval(self._run, outcome.call_id, name, hashed)
+        decided = await decide_approval(self._run, outcome.call_id, name, hashed, redacted)
         decision = ApprovalDecision(approved=decided.approved, approver=decided.approver,
                                     comment=decided.comment, args_hash=hashed)
         # The decision is the value's record, so a re-run branches the same way.

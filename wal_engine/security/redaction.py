@@ -449,6 +449,7 @@ _USER_FIELDS: Final[dict[type[ev.Event], tuple[str, ...]]] = {
     ev.TaskFailed: ("error", "diagnostic"),
     ev.TaskCancelled: ("reason", "requested_by"),
     ev.ToolCallIntended: ("args",),
+    ev.ApprovalRequested: ("args",),
     ev.ToolCallCompleted: ("result",),
     ev.ToolCallFailed: ("error",),
     ev.LlmCallIntended: ("request",),
