@@ -592,8 +592,8 @@ class CallDriver:
         """Wait until a human approved this exact call (tool and hash of its arguments);
         a refusal fails the task."""
         run, spec = self.run, self.spec
-        decision = await decide_approval(run, call_id, spec.name, spec.args_hash,
-                                         spec.stored_args)
+        planned = spec.stored_args if isinstance(spec, ToolSpec) else None
+        decision = await decide_approval(run, call_id, spec.name, spec.args_hash, planned)
         if decision.approved:
             return
         await run.fail("approval_refused", None, diagnostic_extra={
