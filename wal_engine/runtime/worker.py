@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final
 
@@ -73,6 +73,8 @@ log = get_logger(__name__)
 
 WAKE_CHANNEL: Final = "wal_engine_wake"
 sweep_batch_max: Final = 100
+cancel_again_after_s: Final = 1.0
+"""A task still running this long after its cancellation is cancelled again."""
 live_tasks_refresh_sweeps: Final = 3
 """The live-tasks gauge is read at most once per this many ``sweep_ms`` (15 s by default)."""
 live_statuses: Final = [status.value for status in Status if status not in TERMINAL]
@@ -174,6 +176,10 @@ class Worker:
         self.worker_id = worker_id or new_worker_id()
         self.runs: dict[str, TaskRun] = {}
         self.draining = False
+        self._closing = False
+        """Set when :meth:`run` ends: the background loops return at their next turn (a
+        cancellation alone can be lost: Python 3.11's ``wait_for`` drops one that arrives
+        as its inner await completes)."""
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._run_tasks: set[asyncio.Task[None]] = set()
@@ -237,12 +243,10 @@ class Worker:
             # A worker that ends without draining (cancelled) takes its runs with it: left
             # running, they would go on with no keeper renewing their leases and no thread
             # pool for their sync calls (which would fail as if the tool had).
+            self._closing = True
             for run in self.runs.values():
                 run.stop_forced = True
-            abandoned = [*loops, *self._run_tasks]
-            for task in abandoned:
-                task.cancel()
-            await asyncio.gather(*abandoned, return_exceptions=True)
+            await _cancel_until_done([*loops, *self._run_tasks])
             await asyncio.to_thread(self.keeper.stop)
             # A run keeps its task while its sync call's thread runs, even through a
             # drain; one still running here belongs to a run cancelled twice (a forced
@@ -271,7 +275,7 @@ class Worker:
     async def _register_loop(self) -> None:
         """Record the agents again every ``registration_every_s`` (the registration is
         read as recent for a day only; agents registered since the start are included)."""
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.registration_every_s)
             await self._register()
 
@@ -283,9 +287,7 @@ class Worker:
             run.request_suspend()
         _, pending = await asyncio.wait(set(self._run_tasks),
                                            timeout=self.config.drain_timeout_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await _cancel_until_done(pending)
 
     # ------------------------------------------------------------------ claims
 
@@ -443,12 +445,12 @@ class Worker:
             self.log.warning("worker_connect_failed", role=role, error=repr(error),
                              attempt=attempt, delay_s=round(delay_s, 3))
 
-        while True:
+        while not self._closing:
             connection = await retrying(
                 RECONNECT_RETRY, lambda: connect_once(database.dsn, settings),
                 retry_if=_outage, key=f"{self.worker_id}:{role}", on_retry=connect_failed)
             try:
-                while True:
+                while not self._closing:
                     wait_s = await step(connection)
                     await asyncio.sleep(wait_s if isinstance(wait_s, float) else interval_s or 1.0)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
@@ -462,6 +464,23 @@ class Worker:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 2)
+
+
+async def _cancel_until_done(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again those still running
+    after a while: a cancellation can be lost (Python 3.11's ``wait_for`` drops one that
+    arrives as its inner await completes), and a loop that lost it would run on forever
+    (a worker's stop then never returned)."""
+    pending = set(tasks)
+    rounds = 0
+    while pending:
+        if rounds:
+            log.info("worker_task_cancelled_again", tasks=sorted(t.get_name() for t in pending),
+                     round=rounds)
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=cancel_again_after_s)
+        rounds += 1
 
 
 def _outage(error: BaseException) -> bool:
