@@ -209,10 +209,15 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        """Graceful stop: no new claims; runs hand their tasks back at a durable point."""
+        """Graceful stop: no new claims; runs hand their tasks back at a durable point.
+
+        The runs are asked at once, not when the claim loop next wakes and drains: a run
+        that reached its next call first went on past the stop (a flaky hand-back)."""
         if not self.draining:
             self.log.info("worker_draining", running=len(self.runs))
         self.draining = True
+        for run in list(self.runs.values()):
+            run.request_suspend()
         self._wake.set()
 
     async def run(self, *, install_signal_handlers: bool = False,
