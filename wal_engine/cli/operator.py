@@ -23,6 +23,8 @@ from wal_engine.cli.common import (
 from wal_engine.payloads import decode_payload
 
 pending_tasks_max: Final = 200
+shown_chars_max: Final = 400
+"""The human listing shows this many characters of a call's arguments."""
 
 WAITING_ON_PEOPLE: Final = """
 SELECT task_id, agent, waiting_signal FROM wal_tasks
@@ -92,6 +94,16 @@ async def _describe_call(engine: Any, task_id: str, call_id: str,
         item["arguments"] = payload.get("args", payload.get("request"))
 
 
+def _shown(arguments: Any) -> str:
+    """Arguments as one line of the human listing: ``repr`` (control characters shown as
+    escapes, never sent to the terminal), cut past :data:`shown_chars_max` characters (a
+    multi-MiB argument would bury the listing; ``--json`` has them whole)."""
+    text = repr(arguments)
+    if len(text) <= shown_chars_max:
+        return text
+    return f"{text[:shown_chars_max]}... ({len(text):,} characters; --json shows them all)"
+
+
 @click.command()
 @dsn_option
 @development_option
@@ -109,13 +121,13 @@ def pending(dsn: str | None, as_json: bool) -> None:
     for item in found:
         task = f"{item['task_id']} ({item['agent']})"
         if item["waiting_for"] == "approval":
-            shown = (repr(item["arguments"]) if item["arguments"] is not None
+            shown = (_shown(item["arguments"]) if item["arguments"] is not None
                      else f"arguments sha256 {item['args_hash']}")
             out.print(f"{task}: approval of {item['tool']}({shown}): "
                       f"wal-engine approve {item['task_id']} {item['call_id']} --approver NAME",
                       soft_wrap=True, markup=False)
         elif item["waiting_for"] == "reconcile":
-            out.print(f"{task}: the outcome of {item['tool']}({item['arguments']!r}) is "
+            out.print(f"{task}: the outcome of {item['tool']}({_shown(item['arguments'])}) is "
                       f"unknown: wal-engine reconcile {item['task_id']} {item['call_id']} "
                       "--result JSON | --failed REASON [--force]", soft_wrap=True,
                       markup=False)
