@@ -1180,3 +1180,18 @@ CREATE POLICY wal_tenant_isolation ON wal_workers
         (SELECT m.tenant FROM wal_tenant_roles m
           WHERE m.role_name = session_user AND m.enabled),
         wal_trusted_tenant())));
+
+-- Forget this tenant's worker registrations not renewed for a week. A running worker renews
+-- its row hourly and `submit` reads a day back, so a week-old row is of a worker gone for
+-- good; worker ids are per process, so without a prune every restart or deploy would leave
+-- a row for ever. Called by every registration; runs with the owner's rights (security.sql)
+-- so that runtime roles hold no table-level DELETE, and row security keeps it to the
+-- caller's own tenant.
+CREATE OR REPLACE FUNCTION wal_prune_workers() RETURNS integer
+LANGUAGE sql AS $$
+WITH pruned AS (DELETE FROM wal_workers
+                 WHERE tenant = current_setting('wal.tenant', true)
+                   AND seen_at < now() - interval '7 days'
+                RETURNING 1)
+SELECT count(*)::integer FROM pruned
+$$;

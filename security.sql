@@ -58,7 +58,8 @@
 --   wal_tenants                       SELECT: task counts are kept by wal_count_task (a
 --                                     SECURITY DEFINER trigger), caps set by the owner.
 --   wal_workers                       SELECT, INSERT; UPDATE of agents and seen_at: the
---                                     advisory record of which agents workers serve.
+--                                     advisory record of which agents workers serve; rows
+--                                     a week old are deleted by wal_prune_workers only.
 --   row-level security                every table above but wal_transitions and
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
@@ -67,7 +68,7 @@
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
 --                                     wal_send_signal, wal_cancel_task, wal_add_llm_spend,
 --                                     wal_save_snapshot, wal_delete_snapshots,
---                                     wal_release_key (SECURITY DEFINER,
+--                                     wal_release_key, wal_prune_workers (SECURITY DEFINER,
 --                                     owned by the owner role, search_path fixed to this
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
@@ -182,6 +183,7 @@ BEGIN
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
                              'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend',
                              'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key',
+                             'wal_prune_workers',
                              'wal_count_blob_bytes')
          ORDER BY 1
     LOOP

@@ -145,6 +145,10 @@ async def _populate_a(a: Engine, admin_dsn: str) -> None:
     try:
         await admin.execute("UPDATE wal_tenants SET tasks_max = 50, llm_spend_max_usd = 2"
                             " WHERE tenant = $1", TENANT_A)
+        # A registration a week old, which only A's own registrations may prune.
+        await admin.execute("INSERT INTO wal_workers (tenant, worker_id, agents, seen_at)"
+                            " VALUES ($1, 'worker-a-gone', '{echo}', now() - interval '8 days')",
+                            TENANT_A)
     finally:
         await admin.close()
 
@@ -180,6 +184,7 @@ async def _attack_as_b(connection: asyncpg.Connection) -> dict[str, Any]:
         "spend": "SELECT * FROM wal_add_llm_spend(1000)",
         "delete snapshots": "SELECT wal_delete_snapshots('a-task')",
         "release key": "SELECT wal_release_key('k1', 'worker-a', 1)",
+        "prune workers": "SELECT wal_prune_workers()",
         "save snapshot": "SELECT * FROM wal_save_snapshot('a-task', 2, '\\x00', 4::int2, 1,"
                          " '{}', '{}', '{}', '{}', '{}')",
         "insert event": "INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch,"
@@ -223,8 +228,8 @@ def _unexpected(found: dict[str, Any]) -> dict[str, Any]:
     allowed.update({"read heads": {0}, "claim": {0}, "break leases": {0},
                     "signal": {"WE004"}, "cancel": {"WE004"},
                     "update task": {None}, "update key": {None}, "update worker": {None}})
-    for name in ("spend", "delete snapshots", "release key", "save snapshot",
-                 "insert event (default tenant)"):
+    for name in ("spend", "delete snapshots", "release key", "prune workers",
+                 "save snapshot", "insert event (default tenant)"):
         allowed[name] = NOTHING_OR_REFUSED
     for name in ("insert event", "insert task", "insert worker", "map to A", "remap self",
                  "spend as owner", "cap as owner"):
@@ -325,6 +330,18 @@ async def test_s4_every_sql_function_keeps_to_the_callers_tenant(
         for function in ("SELECT wal_delete_snapshots('a-task')",
                          "SELECT wal_release_key('k1', 'worker-a', 1)"):
             await connection.execute(function)
+        # B's registration prunes B's week-old row, never A's (checked below).
+        admin = await asyncpg.connect(tenant_roles.admin_dsn)
+        try:
+            await admin.execute("INSERT INTO wal_workers (tenant, worker_id, agents, seen_at)"
+                                " VALUES ($1, 'worker-b-gone', '{echo}',"
+                                " now() - interval '8 days')", TENANT_B)
+        finally:
+            await admin.close()
+        await record_worker(b.database, "worker-b", ["echo"])
+        assert {r["worker_id"] for r in await connection.fetch(
+            "SELECT worker_id FROM wal_workers")} == {"worker-b"}
+        assert await _sqlstate(connection, "DELETE FROM wal_workers") == INSUFFICIENT_PRIVILEGE
         assert await connection.fetchval("SELECT wal_wake_token()") == b.wake_token
         assert await connection.fetchval("SELECT count(*) FROM wal_tenants") == 1
     finally:

@@ -27,9 +27,12 @@ no worker served its agents)."""
 
 RECORD_WORKER: Final = """
 INSERT INTO wal_workers (tenant, worker_id, agents, seen_at)
-VALUES (current_setting('wal.tenant', true), $1, $2::text[], now())
+SELECT current_setting('wal.tenant', true), $1, $2::text[], now()
+  FROM wal_prune_workers()
 ON CONFLICT (tenant, worker_id) DO UPDATE SET agents = EXCLUDED.agents, seen_at = now()
 """
+"""Record a worker, and forget its tenant's registrations a week old (worker ids are per
+process: without the prune every restart would leave a row for ever)."""
 
 RECENT_AGENTS: Final = """
 SELECT worker_id, agents FROM wal_workers
@@ -41,7 +44,8 @@ SELECT worker_id, agents FROM wal_workers
 
 
 async def record_worker(database: Database, worker_id: str, agents: Iterable[str]) -> None:
-    """Record (or refresh) that ``worker_id`` serves ``agents`` (one statement)."""
+    """Record (or refresh) that ``worker_id`` serves ``agents``, and prune the tenant's
+    registrations not renewed for a week (one statement)."""
     await database.fetch(RECORD_WORKER, worker_id, sorted(agents))
 
 
