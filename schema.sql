@@ -32,6 +32,7 @@
 --                     (wal_count_task, a trigger on wal_tasks, keeps and checks it).
 -- wal_tenant_roles    login role -> tenant, written by the owner only (wal_engine.security.tenants):
 --                     the source of truth of row security for runtime roles.
+-- wal_queues, wal_queue_changes  queues' limits and their audit (the "queues" section).
 --
 -- Tenancy
 -- -------
@@ -55,7 +56,9 @@
 -- wal_refuse_change()        trigger: the events table is append-only.
 -- wal_emit(...)              append one event written by the database itself (claims,
 --                            orphaning, wake-ups) to a task whose row the caller has locked.
--- wal_claim_tasks(...)       claim up to n due tasks in one statement (FOR UPDATE SKIP LOCKED).
+-- wal_claim_tasks(...)       claim up to n due tasks in one statement (FOR UPDATE SKIP LOCKED),
+--                            within their queues' limits.
+-- wal_set_queue(...)         create a queue or change its limits, audited.
 -- wal_break_leases(...)      orphan tasks whose lease expired (database clock), NOTIFY.
 -- wal_send_signal(...)       put a signal in the inbox; wake the task if it waits for it.
 -- wal_cancel_task(...)       cancel from outside: terminal event, epoch bumped (fences).
@@ -647,7 +650,10 @@ DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     head record;
     body bytea := convert_to(p_payload::text, 'UTF8');
-    stamp timestamptz := now();
+    -- The time of writing, not of the transaction's start: a claim that waited for its
+    -- queue's lock (wal_claim_tasks) records when it claimed, so the log's claim and
+    -- release events order a queue's slots as they were taken and given back.
+    stamp timestamptz := clock_timestamp();
     next_seq bigint;
     next_hash bytea;
 BEGIN
@@ -682,15 +688,35 @@ $$;
 -- first pair of an agent its own version), only tasks of those versions, or of none yet;
 -- the claim pins each task to the worker's own version. Bumps each task's lease epoch (the
 -- fencing token) and records the claim in the log.
+--
+-- Queues (issue 24, the "queues" section below): higher priority first, then the oldest.
+-- A queue's global limit (wal_queues.concurrency_max) counts its leased tasks (RUNNING,
+-- CHECKPOINTED) across every worker; its per-worker limit counts this worker's, which the
+-- worker passes in (p_queues, p_queue_running: parallel arrays, its running tasks by queue).
+-- A task with a partition key is claimable only when no other live task of its queue and
+-- key has started (is leased, waiting or resuming) and, for a QUEUED task, none older is
+-- QUEUED. Under READ COMMITTED two claimers counting the same running set could both claim,
+-- so the claims that a global limit or a partition constrains are serialised per queue
+-- (tenant and queue), by a transaction-scoped advisory lock: never one lock for all, and
+-- claims of unconstrained queues take none. Each count and partition check is then made by
+-- a statement of its own, after the lock: a VOLATILE function's every statement takes a
+-- fresh snapshot, so it sees the previous holder's committed claims. The candidates are
+-- pre-filtered by the same rules on the statement's snapshot (so a full queue does not
+-- hide the others' tasks) and locked FOR UPDATE SKIP LOCKED as before. Deadlock-free: a
+-- claimer waits for a queue lock only while it holds none; it only tries the next ones
+-- (pg_try_advisory_xact_lock), skipping a queue whose lock is taken.
 -- (Dropped first: CREATE OR REPLACE cannot change a function's result columns.)
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint);
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[]);
 DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[], text[]);
+DROP FUNCTION IF EXISTS wal_claim_tasks(text, integer, bigint, text[], text[], text[], integer[]);
 CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer, p_lease_ttl_ms bigint,
-                                p_agents text[] DEFAULT NULL, p_versions text[] DEFAULT NULL)
+                                p_agents text[] DEFAULT NULL, p_versions text[] DEFAULT NULL,
+                                p_queues text[] DEFAULT NULL,
+                                p_queue_running integer[] DEFAULT NULL)
 RETURNS TABLE (task_id text, agent text, lease_epoch bigint, head_seq bigint,
                head_hash bytea, attempts integer, started_at timestamptz,
-               database_now timestamptz, agent_version text)
+               database_now timestamptz, agent_version text, queue text)
 LANGUAGE plpgsql AS $$
 DECLARE
     my_tenant text := current_setting('wal.tenant', true);
@@ -698,51 +724,145 @@ DECLARE
     new_epoch bigint;
     claim_type text;
     pinned text;
+    claimed integer := 0;
+    rounds integer := 0;
+    again boolean;
+    -- The queues met by this call, as parallel arrays: name, room left under the global
+    -- limit and under this worker's (NULL: no such limit), whether this call holds its lock.
+    q_names text[] := '{}';
+    q_room integer[] := '{}';
+    q_worker_room integer[] := '{}';
+    q_locked boolean[] := '{}';
+    held integer := 0;
+    i integer;
+    found_limits record;
+    closed text[];
+    passed text[] := '{}';
 BEGIN
-    FOR due IN
-        SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
-               t.agent_version
-          FROM wal_tasks t
-         WHERE t.tenant = my_tenant
-           AND (t.status IN ('QUEUED', 'RESUMING')
-                OR (t.status = 'WAITING' AND t.wake_at <= now()))
-           AND (p_agents IS NULL OR t.agent = ANY (p_agents))
-           AND (p_versions IS NULL OR t.agent_version IS NULL
-                OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
-                            WHERE r.agent = t.agent AND r.version = t.agent_version))
-         ORDER BY coalesce(t.wake_at, t.created_at), t.task_id
-         LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
+    -- Queues without room as this snapshot shows them (only a hint: rechecked under lock).
+    SELECT coalesce(array_agg(q.queue), '{}') INTO closed FROM wal_queues q
+     WHERE q.tenant = my_tenant
+       AND ((q.concurrency_max IS NOT NULL
+             AND (SELECT count(*) FROM wal_tasks r
+                   WHERE r.tenant = my_tenant AND r.queue = q.queue
+                     AND r.status IN ('RUNNING', 'CHECKPOINTED')) >= q.concurrency_max)
+            OR (q.worker_concurrency_max IS NOT NULL
+                AND coalesce((SELECT sum(w.running) FROM unnest(p_queues, p_queue_running)
+                                                      AS w(queue, running)
+                               WHERE w.queue = q.queue), 0) >= q.worker_concurrency_max));
     LOOP
-        new_epoch := due.lease_epoch + 1;
-        -- The claiming code's own version: a task continued by newer code that declares the
-        -- old version compatible is that code's from now on (its history may hold calls
-        -- the old code does not make), so old workers still running never take it back.
-        pinned := coalesce((SELECT r.version FROM unnest(p_agents, p_versions)
-                                   WITH ORDINALITY AS r(agent, version, n)
-                             WHERE r.agent = due.agent ORDER BY r.n LIMIT 1),
-                           due.agent_version);
-        IF due.status = 'WAITING' THEN
-            PERFORM wal_emit(due.task_id, 'task_woken',
-                             jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL
-                                                               THEN 'timer' ELSE 'timeout' END),
-                             due.lease_epoch, 'RESUMING');
-        END IF;
-        claim_type := CASE WHEN due.status = 'QUEUED' THEN 'task_claimed' ELSE 'task_resumed' END;
-        UPDATE wal_tasks t
-           SET lease_epoch = new_epoch, lease_owner = p_worker,
-               lease_expires_at = now() + make_interval(secs => p_lease_ttl_ms / 1000.0),
-               wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
-               started_at = coalesce(t.started_at, now()), agent_version = pinned
-         WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
-        PERFORM wal_emit(due.task_id, claim_type,
-                         jsonb_strip_nulls(jsonb_build_object(
-                             'worker_id', p_worker, 'attempt', due.attempts + 1,
-                             'agent_version', pinned)),
-                         new_epoch, 'RUNNING');
-        RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
-                            t.attempts, t.started_at, now(), t.agent_version
-                       FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
+        rounds := rounds + 1;
+        again := false;
+        FOR due IN
+            SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
+                   t.agent_version, t.queue, t.partition_key, t.created_at
+              FROM wal_tasks t
+             WHERE t.tenant = my_tenant
+               AND (t.status IN ('QUEUED', 'RESUMING')
+                    OR (t.status = 'WAITING' AND t.wake_at <= now()))
+               AND (p_agents IS NULL OR t.agent = ANY (p_agents))
+               AND (p_versions IS NULL OR t.agent_version IS NULL
+                    OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
+                                WHERE r.agent = t.agent AND r.version = t.agent_version))
+               AND t.queue <> ALL (closed)
+               AND t.task_id <> ALL (passed)
+               AND (t.partition_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM wal_tasks o
+                         WHERE o.tenant = my_tenant AND o.queue = t.queue
+                           AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
+                           AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                                OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
+                                    AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
+             ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
+             LIMIT p_limit - claimed
+               FOR UPDATE OF t SKIP LOCKED
+        LOOP
+            i := array_position(q_names, due.queue);
+            IF i IS NULL THEN
+                SELECT q.concurrency_max, q.worker_concurrency_max INTO found_limits
+                  FROM wal_queues q WHERE q.tenant = my_tenant AND q.queue = due.queue;
+                q_names := q_names || due.queue;
+                q_room := q_room || found_limits.concurrency_max;
+                q_worker_room := q_worker_room
+                    || (found_limits.worker_concurrency_max
+                        - coalesce((SELECT sum(w.running)::integer
+                                      FROM unnest(p_queues, p_queue_running) AS w(queue, running)
+                                     WHERE w.queue = due.queue), 0));
+                q_locked := q_locked || false;
+                i := cardinality(q_names);
+            END IF;
+            IF NOT q_locked[i] AND (q_room[i] IS NOT NULL OR due.partition_key IS NOT NULL) THEN
+                IF held = 0 THEN
+                    PERFORM pg_advisory_xact_lock(hashtext('wal_engine.queue'),
+                                                  hashtext(my_tenant || '/' || due.queue));
+                ELSIF NOT pg_try_advisory_xact_lock(hashtext('wal_engine.queue'),
+                                                    hashtext(my_tenant || '/' || due.queue)) THEN
+                    closed := closed || due.queue;  -- Another claimer is at it: skip it.
+                    again := true;
+                    EXIT;
+                END IF;
+                held := held + 1;
+                q_locked[i] := true;
+                IF q_room[i] IS NOT NULL THEN
+                    -- A statement of its own: a snapshot taken after the lock.
+                    q_room[i] := q_room[i] - (SELECT count(*) FROM wal_tasks r
+                                               WHERE r.tenant = my_tenant AND r.queue = due.queue
+                                                 AND r.status IN ('RUNNING', 'CHECKPOINTED'));
+                END IF;
+            END IF;
+            IF q_room[i] <= 0 OR q_worker_room[i] <= 0 THEN
+                closed := closed || due.queue;
+                again := true;
+                EXIT;
+            END IF;
+            IF due.partition_key IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM wal_tasks o
+                     WHERE o.tenant = my_tenant AND o.queue = due.queue
+                       AND o.partition_key = due.partition_key AND o.task_id <> due.task_id
+                       AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                            OR (due.status = 'QUEUED' AND o.status = 'QUEUED'
+                                AND (o.created_at, o.task_id) < (due.created_at, due.task_id))))
+            THEN
+                passed := passed || due.task_id;  -- Its partition moved on since the snapshot.
+                again := true;
+                CONTINUE;
+            END IF;
+            q_room[i] := q_room[i] - 1;
+            q_worker_room[i] := q_worker_room[i] - 1;
+            claimed := claimed + 1;
+            new_epoch := due.lease_epoch + 1;
+            -- The claiming code's own version: a task continued by newer code that declares the
+            -- old version compatible is that code's from now on (its history may hold calls
+            -- the old code does not make), so old workers still running never take it back.
+            pinned := coalesce((SELECT r.version FROM unnest(p_agents, p_versions)
+                                       WITH ORDINALITY AS r(agent, version, n)
+                                 WHERE r.agent = due.agent ORDER BY r.n LIMIT 1),
+                               due.agent_version);
+            IF due.status = 'WAITING' THEN
+                PERFORM wal_emit(due.task_id, 'task_woken',
+                                 jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL
+                                                                   THEN 'timer' ELSE 'timeout' END),
+                                 due.lease_epoch, 'RESUMING');
+            END IF;
+            claim_type := CASE WHEN due.status = 'QUEUED' THEN 'task_claimed' ELSE 'task_resumed' END;
+            UPDATE wal_tasks t
+               SET lease_epoch = new_epoch, lease_owner = p_worker,
+                   lease_expires_at = now() + make_interval(secs => p_lease_ttl_ms / 1000.0),
+                   wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
+                   started_at = coalesce(t.started_at, now()), agent_version = pinned
+             WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
+            PERFORM wal_emit(due.task_id, claim_type,
+                             jsonb_strip_nulls(jsonb_build_object(
+                                 'worker_id', p_worker, 'attempt', due.attempts + 1,
+                                 'agent_version', pinned)),
+                             new_epoch, 'RUNNING');
+            RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
+                                t.attempts, t.started_at, now(), t.agent_version, t.queue
+                           FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
+        END LOOP;
+        -- Another round only when this one stopped short for a queue or a partition (each
+        -- round closes a queue or passes a task, and there are at most 8 rounds).
+        EXIT WHEN NOT again OR claimed >= p_limit OR rounds >= 8;
     END LOOP;
 END;
 $$;
@@ -1151,6 +1271,176 @@ UPDATE wal_tasks t SET blob_bytes = b.bytes
 
 INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
 -- ============================================================ end of large values (version 3)
+
+-- ======================================================================= queues (issue 24)
+-- Flow control (docs/architecture.md, decision 70). A task is submitted to a named queue
+-- ('default' unless given); the claim (wal_claim_tasks, above) enforces the queue's limits.
+-- wal_queues         one row per configured queue of a tenant: its global concurrency limit
+--                    (leased tasks across every worker and host) and per-worker limit, NULL
+--                    for none. 'default' exists without a row (no limits); a task may be
+--                    submitted only to 'default' or a queue with a row (else UnknownQueue).
+--                    Written only by wal_set_queue (SECURITY DEFINER); changed at run time,
+--                    the next claim applies it.
+-- wal_queue_changes  append-only audit of every change of a queue: who (the session's login
+--                    role and the caller's own label), when, the limits before and after.
+-- wal_tasks columns  queue, priority (higher first, then FIFO), partition_key (tasks of one
+--                    key in one queue run one at a time in submission order) and dedup_id
+--                    (unique among the live tasks of a queue: wal_tasks_dedup). Set by the
+--                    submission, never updated (the runtime role has no UPDATE grant on them).
+-- A database of version 3 gets the tables and columns when this file is applied; its tasks
+-- are in 'default' with priority 0, which claims them as before.
+CREATE TABLE IF NOT EXISTS wal_queues (
+    tenant                 text NOT NULL DEFAULT current_setting('wal.tenant')
+                           CONSTRAINT wal_queues_tenant_format
+                           CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    queue                  text NOT NULL
+                           CONSTRAINT wal_queues_name CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    concurrency_max        integer CONSTRAINT wal_queues_concurrency CHECK (concurrency_max >= 1),
+    worker_concurrency_max integer
+                           CONSTRAINT wal_queues_worker_concurrency
+                           CHECK (worker_concurrency_max >= 1),
+    created_at             timestamptz NOT NULL DEFAULT now(),
+    updated_at             timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT wal_queues_pkey PRIMARY KEY (tenant, queue)
+);
+
+CREATE TABLE IF NOT EXISTS wal_queue_changes (
+    tenant       text NOT NULL DEFAULT current_setting('wal.tenant'),
+    change_id    bigserial NOT NULL,
+    queue        text NOT NULL,
+    changed_at   timestamptz NOT NULL DEFAULT now(),
+    changed_by   name NOT NULL DEFAULT session_user,
+    requested_by text CHECK (octet_length(requested_by) <= 256),
+    before       jsonb,
+    after        jsonb NOT NULL,
+    CONSTRAINT wal_queue_changes_pkey PRIMARY KEY (tenant, change_id)
+);
+
+CREATE OR REPLACE TRIGGER wal_queue_changes_append_only
+    BEFORE UPDATE OR DELETE ON wal_queue_changes
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
+
+CREATE OR REPLACE TRIGGER wal_queue_changes_no_truncate
+    BEFORE TRUNCATE ON wal_queue_changes
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS queue text NOT NULL DEFAULT 'default';
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0;
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS partition_key text;
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS dedup_id text;
+
+-- One check for the four (one expression to rebuild per statement, decision 39); the same
+-- bounds as wal_engine/store/queues.py, which refuses bad input before anything is sent.
+-- NOT VALID: the rows already stored hold the defaults, and are not re-read under the lock.
+DO $queue_bounds$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'wal_tasks'::regclass AND conname = 'wal_tasks_queue_bounds')
+    THEN
+        ALTER TABLE wal_tasks ADD CONSTRAINT wal_tasks_queue_bounds CHECK (
+            queue ~ '^[A-Za-z0-9_.:-]{1,64}$'
+            AND priority BETWEEN -1000000 AND 1000000
+            AND (partition_key IS NULL OR octet_length(partition_key) BETWEEN 1 AND 256)
+            AND (dedup_id IS NULL OR octet_length(dedup_id) BETWEEN 1 AND 256)) NOT VALID;
+    END IF;
+END
+$queue_bounds$;
+
+-- A second live task with the same deduplication id in a queue is refused (23505 on this
+-- index: DuplicateDedupId); once the first has ended, the id may be used again.
+CREATE UNIQUE INDEX IF NOT EXISTS wal_tasks_dedup ON wal_tasks (tenant, queue, dedup_id)
+    WHERE dedup_id IS NOT NULL AND status NOT IN ('COMPLETED', 'FAILED');
+-- The claim's counts (leased tasks of a queue) and partition checks (live tasks of a key).
+CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_queue ON wal_tasks (tenant, queue)
+    WHERE status IN ('RUNNING', 'CHECKPOINTED');
+CREATE INDEX IF NOT EXISTS wal_tasks_partition_queued
+    ON wal_tasks (tenant, queue, partition_key, created_at, task_id)
+    WHERE partition_key IS NOT NULL AND status = 'QUEUED';
+CREATE INDEX IF NOT EXISTS wal_tasks_partition_started ON wal_tasks (tenant, queue, partition_key)
+    WHERE partition_key IS NOT NULL
+      AND status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING');
+
+DO $queue_policies$
+DECLARE
+    item text;
+    session_tenant text := $tenant$(SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()))$tenant$;
+BEGIN
+    FOREACH item IN ARRAY ARRAY['wal_queues', 'wal_queue_changes'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
+        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
+        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
+                       item, session_tenant, session_tenant);
+    END LOOP;
+END;
+$queue_policies$;
+
+-- Create a queue or change its limits, and record the change (when there is one) in
+-- wal_queue_changes in the same transaction. A NULL limit leaves that limit as it is;
+-- p_clear names the limits to remove ('concurrency_max', 'worker_concurrency_max').
+-- 22023 for bad input, before anything is written. Runs with the owner's rights
+-- (security.sql): the runtime role may not write wal_queues or wal_queue_changes itself.
+CREATE OR REPLACE FUNCTION wal_set_queue(p_queue text, p_concurrency_max integer,
+                                         p_worker_concurrency_max integer, p_clear text[],
+                                         p_requested_by text)
+RETURNS TABLE (queue text, concurrency_max integer, worker_concurrency_max integer,
+               created boolean, changed boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    old wal_queues%ROWTYPE;
+    new_concurrency integer;
+    new_worker integer;
+    was_new boolean := false;
+BEGIN
+    IF p_queue IS NULL OR p_queue !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        RAISE EXCEPTION 'a queue name is 1..64 of A-Z a-z 0-9 _ . : -' USING ERRCODE = '22023';
+    END IF;
+    IF p_concurrency_max < 1 OR p_worker_concurrency_max < 1 THEN
+        RAISE EXCEPTION 'a queue limit is at least 1' USING ERRCODE = '22023';
+    END IF;
+    IF NOT coalesce(p_clear, '{}') <@ ARRAY['concurrency_max', 'worker_concurrency_max'] THEN
+        RAISE EXCEPTION 'only concurrency_max and worker_concurrency_max can be cleared'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_requested_by) > 256 THEN
+        RAISE EXCEPTION 'a requester holds at most 256 bytes' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO wal_queues AS q (queue) VALUES (p_queue)
+    ON CONFLICT (tenant, queue) DO NOTHING
+    RETURNING true INTO was_new;
+    SELECT * INTO old FROM wal_queues q
+     WHERE q.tenant = my_tenant AND q.queue = p_queue FOR UPDATE;
+    new_concurrency := CASE WHEN 'concurrency_max' = ANY (coalesce(p_clear, '{}')) THEN NULL
+                            ELSE coalesce(p_concurrency_max, old.concurrency_max) END;
+    new_worker := CASE WHEN 'worker_concurrency_max' = ANY (coalesce(p_clear, '{}')) THEN NULL
+                       ELSE coalesce(p_worker_concurrency_max, old.worker_concurrency_max) END;
+    was_new := coalesce(was_new, false);
+    IF was_new OR (new_concurrency, new_worker)
+                  IS DISTINCT FROM (old.concurrency_max, old.worker_concurrency_max) THEN
+        UPDATE wal_queues q SET concurrency_max = new_concurrency,
+                                worker_concurrency_max = new_worker, updated_at = now()
+         WHERE q.tenant = my_tenant AND q.queue = p_queue;
+        INSERT INTO wal_queue_changes (queue, requested_by, before, after)
+        VALUES (p_queue, p_requested_by,
+                CASE WHEN was_new THEN NULL
+                     ELSE jsonb_build_object('concurrency_max', old.concurrency_max,
+                                             'worker_concurrency_max',
+                                             old.worker_concurrency_max) END,
+                jsonb_build_object('concurrency_max', new_concurrency,
+                                   'worker_concurrency_max', new_worker));
+        RETURN QUERY SELECT p_queue, new_concurrency, new_worker, was_new, true;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT p_queue, new_concurrency, new_worker, false, false;
+END;
+$$;
+-- =================================================================== end of queues (issue 24)
 
 -- Worker registrations
 -- --------------------

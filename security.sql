@@ -64,6 +64,8 @@
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
 --                                     rows of the tenant its login role is mapped to.
+--   wal_queues, wal_queue_changes     SELECT: queues' limits are changed by wal_set_queue
+--                                     (SECURITY DEFINER), which also writes the audit row.
 --   wal_schema_version, wal_transitions  SELECT.
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
 --                                     wal_send_signal, wal_cancel_task, wal_add_llm_spend,
@@ -242,6 +244,19 @@ BEGIN
         IF item.proname IN ('wal_event_hash_v2', 'wal_payload_json') THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
         END IF;
+    END LOOP;
+
+    -- Queues (issue 24, the queues section of schema.sql) ----------------------------------
+    -- The runtime role reads its tenant's queues and their audit; it changes them only
+    -- through wal_set_queue, which writes the change and its audit row together.
+    EXECUTE format('GRANT SELECT ON wal_queues, wal_queue_changes TO %I', app_role);
+    FOR item IN
+        SELECT p.oid::regprocedure AS signature FROM pg_proc p
+         WHERE p.pronamespace = schema_oid AND p.proname = 'wal_set_queue'
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s',
+                       item.signature, fixed_path);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
     END LOOP;
 END;
 $security$;

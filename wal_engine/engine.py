@@ -26,6 +26,7 @@ from wal_engine.errors import (
 )
 from wal_engine.events import Budget, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
+from wal_engine.observability import metrics
 from wal_engine.observability.logs import get_logger
 from wal_engine.payloads import encode_payload
 from wal_engine.retries import EMIT_RETRY, READ_RETRY, retrying
@@ -48,6 +49,18 @@ from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
 from wal_engine.store.connection import is_unavailable
 from wal_engine.store.group_commit import GroupCommitter
+from wal_engine.store.queues import (
+    DEFAULT_QUEUE,
+    UNCHANGED,
+    QueueChange,
+    QueueSettings,
+    QueueStats,
+    Unchanged,
+    placement,
+    read_queue_changes,
+    read_queues,
+    set_queue,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -242,12 +255,26 @@ class Engine:
         *,
         budget: Budget | None = None,
         task_id: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        partition_key: str | None = None,
+        dedup_id: str | None = None,
     ) -> TaskId:
         """Queue a task; idempotent on a caller-given ``task_id``.
 
         The input is validated against the agent's declared input type and must be plain
         JSON once converted; a bad input raises :class:`InvalidInput` and never reaches the log.
+
+        Args:
+            queue: The queue it waits in: ``default`` or one made by :meth:`set_queue`
+                (else :class:`~wal_engine.errors.UnknownQueue`); its limits hold its claim.
+            priority: Higher is claimed first; equal priorities oldest first.
+            partition_key: Tasks of one key in one queue run one at a time, in submission
+                order (one customer's tasks, say).
+            dedup_id: Refused (:class:`~wal_engine.errors.DuplicateDedupId`) while a live
+                task of the queue holds the same id.
         """
+        where = placement(queue, priority, partition_key, dedup_id)
         definition = self.agents.get(agent)
         plain_input = input
         if definition is not None and definition.input_type is not None:
@@ -259,8 +286,38 @@ class Engine:
         chosen = new_task_id() if task_id is None else validate_task_id(task_id)
         await self.store.create_task(
             chosen, agent, input=plain_input, budget=budget,
-            agent_version=None if definition is None else definition.version)
+            agent_version=None if definition is None else definition.version, placement=where)
         return chosen
+
+    # ------------------------------------------------------------------ queues
+
+    async def set_queue(self, queue: str, *,
+                        concurrency_max: int | Unchanged | None = UNCHANGED,
+                        worker_concurrency_max: int | Unchanged | None = UNCHANGED,
+                        requested_by: str | None = None) -> QueueSettings:
+        """Create ``queue`` or change its limits at run time (the next claims apply them).
+
+        ``concurrency_max`` bounds the queue's running tasks across every worker and host,
+        ``worker_concurrency_max`` those of one worker; an int (at least 1) sets a limit,
+        None removes it, and a limit not given is left as it is. Every change is audited
+        (:meth:`queue_changes`): the database role, ``requested_by``, the limits before and
+        after. Bad input raises :class:`InvalidInput` and changes nothing.
+        """
+        return await set_queue(self.database, queue, concurrency_max=concurrency_max,
+                               worker_concurrency_max=worker_concurrency_max,
+                               requested_by=requested_by)
+
+    async def queues(self) -> list[QueueStats]:
+        """Every queue that is configured or holds live tasks: depth, running, waiting,
+        limits and the oldest claimable task's wait (also into the queue metrics)."""
+        stats = await read_queues(self.database)
+        metrics.queues_read(self.database.tenant, stats)
+        return stats
+
+    async def queue_changes(self, queue: str | None = None, *,
+                            limit: int = 100) -> list[QueueChange]:
+        """The audited changes of ``queue``'s limits (every queue's when None), newest first."""
+        return await read_queue_changes(self.database, queue, limit=limit)
 
     async def signal(self, task_id: str, name: str, payload: Any = None, *,
                      dedup_key: str | None = None) -> int:

@@ -151,6 +151,28 @@ class TaskAlreadyExists(WalError):
         self.task_id = task_id
 
 
+class UnknownQueue(InvalidInput):
+    """A task was submitted to a queue that is neither ``default`` nor configured (``wal-engine
+    queue set NAME`` or :meth:`~wal_engine.engine.Engine.set_queue`); nothing was written."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} is not configured: create it first "
+                         f"(wal-engine queue set {queue})")
+        self.queue = queue
+
+
+class DuplicateDedupId(WalError):
+    """A live task of the queue already holds this deduplication id; the second submission
+    wrote nothing. ``existing_task_id`` is that task (None if it ended meanwhile)."""
+
+    def __init__(self, queue: str, dedup_id: str, existing_task_id: str | None) -> None:
+        holder = "" if existing_task_id is None else f" (task {existing_task_id!r})"
+        super().__init__(f"a live task of queue {queue!r} holds dedup id {dedup_id!r}{holder}")
+        self.queue = queue
+        self.dedup_id = dedup_id
+        self.existing_task_id = existing_task_id
+
+
 class TaskQuotaExceeded(WalError):
     """The tenant reached its cap on the number of tasks; the task was not created."""
 

@@ -28,6 +28,13 @@ The hooks are single calls placed in the engine where the thing happens:
 ``wal_engine_live_tasks``                 gauge: tasks not finished (queued, running, waiting,
                                           resuming), by ``agent`` and ``version``, as a worker
                                           last read them from the log (see below)
+``wal_engine_queue_claims_total``         claims, by ``queue``
+``wal_engine_queue_depth``                gauge: tasks claimable now, by ``tenant`` and
+                                          ``queue`` (read from the log, like live tasks)
+``wal_engine_queue_running``              gauge: leased tasks (slots in use), likewise
+``wal_engine_queue_concurrency_max``      gauge: the global limit (absent: none), likewise
+``wal_engine_queue_worker_concurrency_max``  gauge: the per-worker limit, likewise
+``wal_engine_queue_oldest_wait_seconds``  gauge: the oldest claimable task's wait, likewise
 ========================================  ====================================================
 
 ``wal_engine_live_tasks`` is read from the database, not counted in process: each worker
@@ -173,6 +180,42 @@ class LiveTasks:
         yield gauge
 
 
+class QueueGauges:
+    """The ``wal_engine_queue_*`` gauges: the last reading of each tenant's queues (the
+    worker's sweep reads them with the live tasks; ``wal-engine queues`` too), turned into
+    metric families at scrape time. A queue gone from a reading is dropped."""
+
+    fields: Final = (("depth", "Tasks claimable now (queued, resuming, due)."),
+                     ("running", "Leased tasks: the queue's slots in use."),
+                     ("concurrency_max", "The queue's global concurrency limit."),
+                     ("worker_concurrency_max", "The queue's per-worker concurrency limit."),
+                     ("oldest_wait_seconds", "How long the oldest claimable task has waited."))
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_tenant: dict[str, dict[str, dict[str, float]]] = {}
+
+    def update(self, tenant: str, queues: dict[str, dict[str, float]]) -> None:
+        """``tenant``'s queues now read ``queues``: name -> field -> value (absent: none)."""
+        with self._lock:
+            self._by_tenant[tenant] = queues
+
+    def collect(self) -> Iterator[Any]:
+        """The gauge families (the registry calls this on every scrape)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        with self._lock:
+            readings = {tenant: dict(queues) for tenant, queues in self._by_tenant.items()}
+        for field, help_text in self.fields:
+            gauge = GaugeMetricFamily(f"wal_engine_queue_{field}", help_text,
+                                      labels=["tenant", "queue"])
+            for tenant, queues in sorted(readings.items()):
+                for queue, values in sorted(queues.items()):
+                    if field in values:
+                        gauge.add_metric([tenant, queue], values[field])
+            yield gauge
+
+
 def _bound(seconds: float) -> str:
     """A bucket's ``le`` label as prometheus-client writes it (``0.0005``, ``1.0``)."""
     return repr(float(seconds))
@@ -190,6 +233,11 @@ class Instruments:
         target.register(self.appends)
         self.live_tasks = LiveTasks()
         target.register(self.live_tasks)
+        self.queues = QueueGauges()
+        target.register(self.queues)
+        self.queue_claims = Counter(
+            "wal_engine_queue_claims", "Tasks leased by a worker, by queue.", ["queue"],
+            registry=target)
         self.tasks_claimed = Counter(
             "wal_engine_tasks_claimed", "Tasks leased by a worker.", registry=target)
         self.tasks_orphaned = Counter(
@@ -307,6 +355,28 @@ def live_tasks_read(tenant: str, rows: Iterable[Mapping[str, Any]]) -> None:
         key = (row["agent"], row["agent_version"] or "")
         counts[key] = counts.get(key, 0) + int(row["tasks"])
     _instruments.live_tasks.update(tenant, counts)
+
+
+def claimed_in_queue(queue: str) -> None:
+    """A task of ``queue`` was claimed."""
+    if _instruments is not None:
+        _instruments.queue_claims.labels(queue).inc()
+
+
+def queues_read(tenant: str, stats: Iterable[Any]) -> None:
+    """``tenant``'s queues were read (:class:`wal_engine.store.queues.QueueStats` items)."""
+    if _instruments is None:
+        return
+    queues: dict[str, dict[str, float]] = {}
+    for item in stats:
+        values = {"depth": float(item.depth), "running": float(item.running)}
+        for field, value in (("concurrency_max", item.concurrency_max),
+                             ("worker_concurrency_max", item.worker_concurrency_max),
+                             ("oldest_wait_seconds", item.oldest_wait_s)):
+            if value is not None:
+                values[field] = float(value)
+        queues[item.queue] = values
+    _instruments.queues.update(tenant, queues)
 
 
 def call_escalated(kind: str, reason: str) -> None:

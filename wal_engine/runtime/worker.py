@@ -68,6 +68,7 @@ from wal_engine.store.connection import (
     connect_once,
     is_unavailable,
 )
+from wal_engine.store.queues import queue_rows_max, queue_stats, running_by_queue
 
 log = get_logger(__name__)
 
@@ -185,6 +186,8 @@ class Worker:
         self._run_tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(worker_id=self.worker_id)
         self.claimed = 0
+        self.queue_of: dict[str, str] = {}
+        """The queue of each task this worker claimed (for the per-worker limits)."""
         self.registration_every_s = refresh_every_s_default
         self._live_tasks_due = 0.0
         self.keeper = LeaseKeeper(
@@ -314,17 +317,23 @@ class Worker:
     async def _claim(self, free: int) -> int:
         sent_at = time.monotonic()
         agents, versions = runnable_versions(self.agents)
+        # The queues' per-worker limits count this worker's runs, which it tells the claim.
+        self.queue_of = {task: queue for task, queue in self.queue_of.items()
+                         if task in self.runs}
+        queues, running = running_by_queue(self.queue_of, set(self.runs))
         rows = await self.services.database.fetch(
             queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
-            agents, versions,
+            agents, versions, queues, running,
         )
         for row in rows:
+            self.queue_of[row["task_id"]] = row["queue"]
             self.keeper.hold(row["task_id"], row["lease_epoch"], sent_at)
             self._start_run(row)
         self.claimed += len(rows)
         metrics.tasks_claimed(len(rows))
         for row in rows:
             metrics.task_claimed_at_version(row["agent"], row["agent_version"])
+            metrics.claimed_in_queue(row["queue"])
         return len(rows)
 
     def _start_run(self, row: Any) -> None:
@@ -407,6 +416,8 @@ class Worker:
         rows = await connection.fetch(queries.TASKS_BY_VERSION, tasks_by_version_rows_max,
                                       live_statuses)
         metrics.live_tasks_read(self.services.database.tenant, rows)
+        metrics.queues_read(self.services.database.tenant, queue_stats(
+            await connection.fetch(queries.QUEUE_STATS, queue_rows_max)))
 
     async def _listen_loop(self) -> None:
         async def listen(connection: asyncpg.Connection) -> None:

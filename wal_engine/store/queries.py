@@ -54,12 +54,21 @@ SELECT tenant, enabled FROM wal_tenant_roles WHERE role_name = session_user
 
 # Submission: the task row and its first event (seq 1) in one statement. An existing task
 # id yields no row; the caller then reads seq 1 back to decide between "same submission"
-# (idempotent) and "different task under the same id".
+# (idempotent) and "different task under the same id". The queue ($13) must be 'default' or
+# a configured one (queue_known false: nothing written); a live task of the queue with the
+# same dedup id ($16) makes the INSERT fail on wal_tasks_dedup (23505), writing nothing.
 CREATE_TASK: Final = """
-WITH task AS (
+WITH queue AS (
+    SELECT ($13::text = 'default'
+            OR EXISTS (SELECT 1 FROM wal_queues q
+                        WHERE q.tenant = current_setting('wal.tenant', true)
+                          AND q.queue = $13::text)) AS known
+), task AS (
     INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, budget,
-                           parent_task_id, parent_seq, agent_version)
-    VALUES ($1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9, $11)
+                           parent_task_id, parent_seq, agent_version, queue, priority,
+                           partition_key, dedup_id)
+    SELECT $1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9, $11, $13, $14, $15, $16
+      FROM queue WHERE queue.known
     ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), event AS (
@@ -70,7 +79,8 @@ WITH task AS (
 ), wake AS (
     SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
 )
-SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS notified
+SELECT (SELECT count(*) FROM event) AS created, (SELECT count(*) FROM wake) AS notified,
+       (SELECT known FROM queue) AS queue_known
 """
 
 # How appends are fenced. Every change of a task's lease epoch (claim, orphaning,
@@ -326,7 +336,10 @@ UPDATE wal_tasks AS t
 RETURNING t.task_id
 """
 
-CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[])"
+# $6, $7: the worker's running tasks by queue (parallel arrays), for per-worker limits.
+CLAIM_TASKS: Final = """
+SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[], $6::text[], $7::int4[])
+"""
 
 # The deploy gate's tasks: every live task, and the most recently finished ones, updated at
 # or after $1 (all when NULL).
@@ -434,7 +447,7 @@ CREATE_TASK_BLOBS: Final = CREATE_TASK.replace("""
 ), blobs AS (
     {_BLOB_COLUMNS}
     SELECT task.task_id, b.digest, b.ordinal, b.value_bytes, b.data
-      FROM task, {_blob_rows(13)}
+      FROM task, {_blob_rows(17)}
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), event AS (""")
@@ -447,4 +460,60 @@ SELECT digest, ordinal, data FROM wal_blobs
    AND digest = ANY ($2::bytea[]) AND (digest, ordinal) > ($3::bytea, $4::int4)
  ORDER BY digest, ordinal
  LIMIT $5
+"""
+
+
+# ---------------------------------------------------------------- queues (issue 24)
+
+SET_QUEUE: Final = "SELECT * FROM wal_set_queue($1, $2, $3, $4::text[], $5)"
+
+# The live task of a queue holding a dedup id (the refused submission's rival).
+DEDUP_HOLDER: Final = """
+SELECT task_id FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND queue = $1 AND dedup_id = $2
+   AND status NOT IN ('COMPLETED', 'FAILED')
+ LIMIT 1
+"""
+
+# Each queue of the tenant, configured or holding live tasks: depth (claimable now: QUEUED,
+# RESUMING, WAITING due), running (leased), waiting, its limits, and how long the oldest
+# claimable task has waited (a RESUMING task since its last status move). One pass over the
+# live tasks (the index by tenant and status); at most $1 queues.
+QUEUE_STATS: Final = """
+WITH live AS (
+    SELECT t.queue,
+           count(*) FILTER (WHERE t.status IN ('QUEUED', 'RESUMING')
+                               OR (t.status = 'WAITING' AND t.wake_at <= now())) AS depth,
+           count(*) FILTER (WHERE t.status IN ('RUNNING', 'CHECKPOINTED')) AS running,
+           count(*) FILTER (WHERE t.status = 'WAITING'
+                              AND (t.wake_at IS NULL OR t.wake_at > now())) AS waiting,
+           min(CASE WHEN t.status = 'QUEUED' THEN t.created_at
+                    WHEN t.status = 'RESUMING' THEN t.updated_at
+                    WHEN t.status = 'WAITING' AND t.wake_at <= now() THEN t.wake_at END)
+               AS oldest
+      FROM wal_tasks t
+     WHERE t.tenant = current_setting('wal.tenant', true)
+       AND t.status IN ('QUEUED', 'RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+     GROUP BY t.queue
+), configured AS (
+    SELECT q.queue, q.concurrency_max, q.worker_concurrency_max, q.updated_at FROM wal_queues q
+     WHERE q.tenant = current_setting('wal.tenant', true)
+)
+SELECT coalesce(c.queue, l.queue) AS queue, c.queue IS NOT NULL AS configured,
+       coalesce(l.depth, 0) AS depth, coalesce(l.running, 0) AS running,
+       coalesce(l.waiting, 0) AS waiting, c.concurrency_max, c.worker_concurrency_max,
+       extract(epoch FROM now() - l.oldest)::float8 AS oldest_wait_s, c.updated_at
+  FROM configured c FULL JOIN live l ON l.queue = c.queue
+ ORDER BY 1
+ LIMIT $1
+"""
+
+# The audit of queue changes, newest first, of one queue ($1) or all (NULL), $2 at most.
+QUEUE_CHANGES: Final = """
+SELECT change_id, queue, changed_at, changed_by::text AS changed_by, requested_by,
+       before::text AS before, after::text AS after
+  FROM wal_queue_changes
+ WHERE tenant = current_setting('wal.tenant', true) AND ($1::text IS NULL OR queue = $1)
+ ORDER BY change_id DESC
+ LIMIT $2
 """

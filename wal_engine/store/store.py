@@ -19,11 +19,13 @@ from wal_engine.errors import (
     BlobCorrupt,
     ConcurrencyConflict,
     DatabaseUnavailable,
+    DuplicateDedupId,
     DuplicateRow,
     IllegalTransition,
     InvalidInput,
     LeaseLost,
     TaskAlreadyExists,
+    UnknownQueue,
     UnknownTask,
     WalError,
 )
@@ -36,6 +38,7 @@ from wal_engine.state_machine import Status, check_path
 from wal_engine.store import queries
 from wal_engine.store.blob_reads import read_values, references_of
 from wal_engine.store.connection import CONNECTION_ERRORS, Database
+from wal_engine.store.queues import Placement, dedup_holder
 from wal_engine.store.records import AppendResult, EventRecord, PendingAppend, TaskHead
 from wal_engine.verification import HistoryVerifier
 
@@ -46,6 +49,9 @@ seq_max: Final = 2**63 - 1
 
 ambiguous_resolve_s: Final = RESOLVE_RETRY.deadline_s
 """How long an append whose answer was lost is read back before it is AmbiguousCommit."""
+
+DEDUP_INDEX: Final = "wal_tasks_dedup"
+"""The unique index of live dedup ids (``schema.sql``, queues section)."""
 
 def _unavailable(error: BaseException) -> bool:
     return isinstance(error, DatabaseUnavailable)
@@ -217,13 +223,18 @@ class Store:
         parent_task_id: str | None = None,
         parent_seq: int | None = None,
         agent_version: str | None = None,
+        placement: Placement | None = None,
     ) -> tuple[TaskHead, bool]:
         """Create a QUEUED task with its ``task_submitted`` event at seq 1.
 
         Idempotent on ``task_id``: submitting the same agent and input again returns the
         existing task and ``False``; a different submission under the same id raises
-        :class:`TaskAlreadyExists`. Bad input raises before anything is written.
+        :class:`TaskAlreadyExists`. Bad input raises before anything is written. The task
+        waits in ``placement``'s queue (``default``): an unconfigured queue raises
+        :class:`UnknownQueue`, a dedup id a live task of the queue holds
+        :class:`DuplicateDedupId`, and neither writes anything.
         """
+        where = placement or Placement()
         task_id = validate_task_id(task_id)
         if not agent or len(agent) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
@@ -247,15 +258,24 @@ class Store:
         ).decode()
         args: tuple[Any, ...] = (task_id, agent, kind, version, stored, digest, budget_json,
                                  parent_task_id, parent_seq, GENESIS_HASH, agent_version,
-                                 recorded_at)
-        if chunks:
-            pending = Chunks()
-            pending.add(chunks)
-            row = await self.database.fetchrow(queries.CREATE_TASK_BLOBS, *args,
-                                               *pending.args(), task_id=task_id)
-        else:
-            row = await self.database.fetchrow(queries.CREATE_TASK, *args, task_id=task_id)
+                                 recorded_at, where.queue, where.priority, where.partition_key,
+                                 where.dedup_id)
+        try:
+            if chunks:
+                pending = Chunks()
+                pending.add(chunks)
+                row = await self.database.fetchrow(queries.CREATE_TASK_BLOBS, *args,
+                                                   *pending.args(), task_id=task_id)
+            else:
+                row = await self.database.fetchrow(queries.CREATE_TASK, *args, task_id=task_id)
+        except DuplicateRow as error:
+            if error.constraint != DEDUP_INDEX or where.dedup_id is None:
+                raise
+            holder = await dedup_holder(self.database, where.queue, where.dedup_id)
+            raise DuplicateDedupId(where.queue, where.dedup_id, holder) from error
         assert row is not None
+        if not row["queue_known"]:
+            raise UnknownQueue(where.queue)
         if row["created"]:
             return await self.read_head(task_id), True
         first = await self.read_events(task_id, from_seq=1, to_seq=1)
