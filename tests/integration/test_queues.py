@@ -198,8 +198,9 @@ async def test_workers_in_parallel_never_exceed_the_limits(engine: Engine, datab
     async with engine.database.acquire() as connection:
         ledger = await read_ledger(connection)
     assert len(ledger.slots) >= 36
-    assert ledger.peak("tight") <= 3
-    assert ledger.peak("tight", by_worker=True) <= 2
+    # Reached (the workload saturates them) and never passed.
+    assert ledger.peak("tight") == 3
+    assert ledger.peak("tight", by_worker=True) == 2
     assert ledger.partition_violations() == []
 
 
