@@ -10,6 +10,7 @@ before they commit, so two intervals that overlap in this ledger overlapped for 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +80,7 @@ class Ledger:
         problems = []
         for (queue, key), slots in by_key.items():
             ordered = sorted(slots, key=lambda s: s.start)
-            for before, after in zip(ordered, ordered[1:], strict=False):
+            for before, after in itertools.pairwise(ordered):
                 if before.task_id != after.task_id and (before.end is None
                                                         or before.end > after.start):
                     problems.append(f"{queue}/{key}: {before.task_id} and {after.task_id} "

@@ -111,7 +111,7 @@ async def test_the_worker_waits_out_a_refused_claim(app_engine: Engine,
         return {"done": args["n"]}
 
     task_id = await app_engine.submit("claimable", {"n": 1})
-    claim = "wal_claim_tasks(text, integer, bigint, text[], text[])"
+    claim = "wal_claim_tasks(text, integer, bigint, text[], text[], text[], integer[])"
     await _as_admin(tenant_roles, f"REVOKE EXECUTE ON FUNCTION {claim} FROM {APP_ROLE}, PUBLIC")
     with capture_logs() as logs:
         worker = app_engine.worker(concurrency=1, poll_ms=50)

@@ -23,8 +23,8 @@ async def claim(engine: Engine, worker: str, n: int, running: dict[str, int] | N
                 ) -> list[str]:
     """One claim statement as worker ``worker`` (running tasks by queue), task ids claimed."""
     counts = running or {}
-    rows = await engine.database.fetch(queries.CLAIM_TASKS, worker, n, 60_000, None, None,
-                                       list(counts), list(counts.values()))
+    rows = await engine.database.fetch(queries.CLAIM_TASKS_BY_QUEUE, worker, n, 60_000, None,
+                                       None, list(counts), list(counts.values()))
     return [row["task_id"] for row in rows]
 
 

@@ -75,7 +75,8 @@ FORBIDDEN_FOR_APP = [
     "CREATE FUNCTION wal_evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
     "CREATE OR REPLACE FUNCTION wal_refuse_change() RETURNS trigger LANGUAGE plpgsql "
     "AS $$BEGIN RETURN NULL; END$$",
-    "ALTER FUNCTION wal_claim_tasks(text, integer, bigint, text[], text[]) SECURITY INVOKER",
+    "ALTER FUNCTION wal_claim_tasks(text, integer, bigint, text[], text[], text[], integer[])"
+    " SECURITY INVOKER",
     "DROP FUNCTION wal_cancel_task(text, text, text)",
     "SELECT wal_emit('t', 'task_completed', '{}'::jsonb, 0, 'COMPLETED')",
     "SET ROLE engine_owner",

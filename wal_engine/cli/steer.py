@@ -71,18 +71,30 @@ async def _warn_if_no_worker_serves(engine: Any, agent: str) -> None:
               help="Budget, e.g. max_steps=20,max_tokens=50000,max_cost_usd=1.5.")
 @click.option("--agents", "agents_spec", default=None, metavar="MODULE:ATTR",
               help="Load the agents to validate the input against the agent's input type.")
+@click.option("--queue", "queue_name", default="default", show_default=True,
+              help="The queue (made by `wal-engine queue set`) whose limits hold it.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Higher is claimed first; equal priorities oldest first.")
+@click.option("--partition-key", default=None,
+              help="Tasks of one key in one queue run one at a time, in submission order.")
+@click.option("--dedup-id", default=None,
+              help="Refused while a live task of the queue holds the same id.")
 @dsn_option
 @development_option
 @json_option
 def submit(agent: str, input_json: str, task_id: str | None, budget_items: tuple[str, ...],
-           agents_spec: str | None, dsn: str | None, as_json: bool) -> None:
+           agents_spec: str | None, queue_name: str, priority: int, partition_key: str | None,
+           dedup_id: str | None, dsn: str | None, as_json: bool) -> None:
     """Queue a task for AGENT."""
-    run(_submit(agent, input_json, task_id, budget_items, agents_spec, dsn, as_json), dsn=dsn)
+    placement = {"queue": queue_name, "priority": priority, "partition_key": partition_key,
+                 "dedup_id": dedup_id}
+    run(_submit(agent, input_json, task_id, budget_items, agents_spec, placement, dsn,
+                as_json), dsn=dsn)
 
 
 async def _submit(agent: str, input_json: str, task_id: str | None,
-                  budget_items: tuple[str, ...], agents_spec: str | None, dsn: str | None,
-                  as_json: bool) -> None:
+                  budget_items: tuple[str, ...], agents_spec: str | None,
+                  placement: dict[str, Any], dsn: str | None, as_json: bool) -> None:
     task_input = parse_json(input_json, "--input")
     budget = parse_budget(budget_items)
     async with open_engine(dsn, write=True) as engine:
@@ -92,7 +104,8 @@ async def _submit(agent: str, input_json: str, task_id: str | None,
                 known = ", ".join(sorted(engine.agents))
                 raise CliError(f"agent {agent!r} is not registered by {agents_spec} "
                                f"(it registers: {known})", EXIT_USAGE)
-        chosen = await engine.submit(agent, task_input, budget=budget, task_id=task_id)
+        chosen = await engine.submit(agent, task_input, budget=budget, task_id=task_id,
+                                     **placement)
         if agents_spec is None:
             await _warn_if_no_worker_serves(engine, agent)
         head = await engine.head(chosen)

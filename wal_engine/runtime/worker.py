@@ -322,7 +322,7 @@ class Worker:
                          if task in self.runs}
         queues, running = running_by_queue(self.queue_of, set(self.runs))
         rows = await self.services.database.fetch(
-            queries.CLAIM_TASKS, self.worker_id, free, self.config.lease_ttl_ms,
+            queries.CLAIM_TASKS_BY_QUEUE, self.worker_id, free, self.config.lease_ttl_ms,
             agents, versions, queues, running,
         )
         for row in rows:

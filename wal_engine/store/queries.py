@@ -336,8 +336,11 @@ UPDATE wal_tasks AS t
 RETURNING t.task_id
 """
 
-# $6, $7: the worker's running tasks by queue (parallel arrays), for per-worker limits.
-CLAIM_TASKS: Final = """
+CLAIM_TASKS: Final = "SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[])"
+
+# The worker's claim: CLAIM_TASKS and, in $6 and $7, its running tasks by queue (parallel
+# arrays) for the queues' per-worker limits.
+CLAIM_TASKS_BY_QUEUE: Final = """
 SELECT * FROM wal_claim_tasks($1, $2, $3, $4::text[], $5::text[], $6::text[], $7::int4[])
 """
 
