@@ -237,3 +237,68 @@ async def test_upgrade_from_a_database_without_queues(pg_server: Any, database_f
     finally:
         await upgraded.close()
         await database_factory.drop(dsn)
+
+
+async def test_cli_sets_lists_and_audits_queues(engine: Engine) -> None:
+    """`queue set`, `submit --queue ...`, `queues` and `queue history` through the CLI; a
+    zero limit, a bad number and an unknown queue are one-line errors with exit code 2."""
+    from tests.integration.test_cli_agents import cli, lines, one_error_line
+
+    dsn = engine.database.dsn
+    made = await cli("queue", "set", "llm", "--concurrency", "2", "--worker-concurrency", "1",
+                     "--dsn", dsn, "--json")
+    assert made.exit_code == 0, made.output
+    assert lines(made.stdout) == [{"queue": "llm", "concurrency_max": 2,
+                                   "worker_concurrency_max": 1, "created": True,
+                                   "changed": True}]
+    for bad in (["--concurrency", "0"], ["--concurrency", "-3"], ["--worker-concurrency", "x"]):
+        refused = await cli("queue", "set", "llm", *bad, "--dsn", dsn)
+        assert refused.exit_code == 2 and "error:" in one_error_line(refused)
+    unknown = await cli("submit", "a", "--queue", "nope", "--dsn", dsn)
+    assert unknown.exit_code == 2 and "not configured" in one_error_line(unknown)
+    submitted = await cli("submit", "a", "--queue", "llm", "--priority", "3",
+                          "--partition-key", "c1", "--dedup-id", "d1", "--dsn", dsn, "--json")
+    assert submitted.exit_code == 0, submitted.output
+    again = await cli("submit", "a", "--queue", "llm", "--dedup-id", "d1", "--dsn", dsn)
+    assert again.exit_code == 3 and "dedup id" in one_error_line(again)
+    listed = lines((await cli("queues", "--dsn", dsn, "--json")).stdout)
+    assert [(q["queue"], q["depth"], q["running"], q["concurrency_max"]) for q in listed] == [
+        ("llm", 1, 0, 2)]
+    human = await cli("queues", "--dsn", dsn)
+    assert human.exit_code == 0 and "llm" in human.stdout
+    await cli("queue", "set", "llm", "--concurrency", "none", "--dsn", dsn)
+    history = lines((await cli("queue", "history", "llm", "--dsn", dsn, "--json")).stdout)
+    assert [h["after"]["concurrency_max"] for h in history] == [None, 2]
+    assert history[0]["before"] == {"concurrency_max": 2, "worker_concurrency_max": 1}
+
+
+async def test_tenant_roles_see_and_change_only_their_own_queues(tenant_roles: Any) -> None:
+    """As tenants' own runtime roles (security.sql applied): each sets, audits and claims
+    through its queues only; the runtime role cannot write the queue tables directly."""
+    from wal_engine.engine import connect
+
+    a = await connect(await tenant_roles.dsn("ta"), migrate=False, development=False)
+    b = await connect(await tenant_roles.dsn("tb"), migrate=False, development=False)
+    try:
+        await a.set_queue("shared-name", concurrency_max=1, requested_by="a-ops")
+        with pytest.raises(UnknownQueue):
+            await b.submit("x", queue="shared-name")  # Another tenant's queue is not b's.
+        await b.set_queue("shared-name", concurrency_max=5)
+        for task in ("a1", "a2"):
+            await a.submit("x", task_id=task, queue="shared-name")
+        await b.submit("x", task_id="b1", queue="shared-name")
+        assert await claim(a, "wa", 10) == ["a1"]  # a's limit of 1, through SECURITY DEFINER.
+        assert await claim(b, "wb", 10) == ["b1"]
+        assert [(q.queue, q.concurrency_max, q.running) for q in await a.queues()] == [
+            ("shared-name", 1, 1)]
+        changes = await a.queue_changes()
+        assert [c.requested_by for c in changes] == ["a-ops"]
+        assert changes[0].changed_by == (await tenant_roles.create("ta")).role
+        for statement in ("UPDATE wal_queues SET concurrency_max = 100",
+                          "INSERT INTO wal_queues (queue) VALUES ('sneaky')",
+                          "DELETE FROM wal_queue_changes"):
+            with pytest.raises(Exception, match=r"permission denied|append-only"):
+                await a.database.fetch(statement)
+    finally:
+        await a.close()
+        await b.close()

@@ -183,7 +183,17 @@ SIGNATURES = {
         " 'str' = '1', compatible: 'tuple[str, ...]' = (), hooks: 'AgentHooks | None' = None)"
         " -> 'None'"
     ),
+    'Engine.queue_changes': (
+        "(self, queue: 'str | None' = None, *, limit: 'int' = 100) -> 'list[QueueChange]'"
+    ),
+    'Engine.queues': "(self) -> 'list[QueueStats]'",
     'Engine.runnable_versions': "(self) -> 'tuple[list[str], list[str]]'",
+    'Engine.set_queue': (
+        "(self, queue: 'str', *, concurrency_max: 'int | Unchanged | None' = "
+        "<Unchanged.UNCHANGED: 'unchanged'>, worker_concurrency_max: 'int | Unchanged | None'"
+        " = <Unchanged.UNCHANGED: 'unchanged'>, requested_by: 'str | None' = None) -> "
+        "'QueueSettings'"
+    ),
     'Engine.signal': (
         "(self, task_id: 'str', name: 'str', payload: 'Any' = None, *, dedup_key: 'str | "
         "None' = None) -> 'int'"
@@ -191,7 +201,8 @@ SIGNATURES = {
     'Engine.state': "(self, task_id: 'str') -> 'AgentState'",
     'Engine.submit': (
         "(self, agent: 'str', input: 'Any' = None, *, budget: 'Budget | None' = None, "
-        "task_id: 'str | None' = None) -> 'TaskId'"
+        "task_id: 'str | None' = None, queue: 'str' = 'default', priority: 'int' = 0, "
+        "partition_key: 'str | None' = None, dedup_id: 'str | None' = None) -> 'TaskId'"
     ),
     'Engine.wait': (
         "(self, task_id: 'str', *, timeout_s: 'float | None' = None, poll_s: 'float' = 0.05) "
