@@ -1273,7 +1273,7 @@ INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
 -- ============================================================ end of large values (version 3)
 
 -- ======================================================================= queues (issue 24)
--- Flow control (docs/architecture.md, decision 70). A task is submitted to a named queue
+-- Flow control (docs/architecture.md, decision 62). A task is submitted to a named queue
 -- ('default' unless given); the claim (wal_claim_tasks, above) enforces the queue's limits.
 -- wal_queues         one row per configured queue of a tenant: its global concurrency limit
 --                    (leased tasks across every worker and host) and per-worker limit, NULL
