@@ -815,13 +815,21 @@ BEGIN
                 again := true;
                 EXIT;
             END IF;
-            IF due.partition_key IS NOT NULL AND EXISTS (
-                    SELECT 1 FROM wal_tasks o
-                     WHERE o.tenant = my_tenant AND o.queue = due.queue
-                       AND o.partition_key = due.partition_key AND o.task_id <> due.task_id
-                       AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
-                            OR (due.status = 'QUEUED' AND o.status = 'QUEUED'
-                                AND (o.created_at, o.task_id) < (due.created_at, due.task_id))))
+            -- Two plain probes, each answered by one partial index (the second only for a
+            -- QUEUED task).
+            IF due.partition_key IS NOT NULL AND (
+                    EXISTS (SELECT 1 FROM wal_tasks o
+                             WHERE o.tenant = my_tenant AND o.queue = due.queue
+                               AND o.partition_key = due.partition_key
+                               AND o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                               AND o.task_id <> due.task_id)
+                    OR (due.status = 'QUEUED'
+                        AND EXISTS (SELECT 1 FROM wal_tasks o
+                                     WHERE o.tenant = my_tenant AND o.queue = due.queue
+                                       AND o.partition_key = due.partition_key
+                                       AND o.status = 'QUEUED'
+                                       AND (o.created_at, o.task_id)
+                                           < (due.created_at, due.task_id))))
             THEN
                 passed := passed || due.task_id;  -- Its partition moved on since the snapshot.
                 again := true;
