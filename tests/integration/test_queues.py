@@ -12,6 +12,7 @@ import pytest
 from tests.queue_ledger import read_ledger
 from wal_engine.engine import Engine
 from wal_engine.errors import DuplicateDedupId, InvalidInput, UnknownQueue
+from wal_engine.observability import metrics
 from wal_engine.runtime.context import AgentContext
 from wal_engine.state_machine import Status
 from wal_engine.store import queries
@@ -197,6 +198,11 @@ async def test_workers_in_parallel_never_exceed_the_limits(engine: Engine, datab
             await each.close()
     async with engine.database.acquire() as connection:
         ledger = await read_ledger(connection)
+    if metrics.available():  # The workers' sweeps read the queues into the gauges.
+        from prometheus_client import REGISTRY
+
+        assert REGISTRY.get_sample_value("wal_engine_queue_concurrency_max",
+                                         {"tenant": "default", "queue": "tight"}) == 3
     assert len(ledger.slots) >= 36
     # Reached (the workload saturates them) and never passed.
     assert ledger.peak("tight") == 3

@@ -149,3 +149,30 @@ def test_without_the_extra_every_hook_is_free_and_serve_says_how_to_install() ->
                             timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@needs_extra
+def test_queue_gauges_follow_the_latest_reading_per_tenant() -> None:
+    """Queue readings become gauges by tenant and queue; a limit that is not set is absent;
+    a queue gone from a tenant's latest reading is dropped; claims count by queue."""
+    from wal_engine.store.queues import QueueStats
+
+    def stats(queue: str, depth: int, running: int, limit: int | None) -> QueueStats:
+        return QueueStats(queue=queue, configured=limit is not None, depth=depth,
+                          running=running, waiting=0, concurrency_max=limit,
+                          worker_concurrency_max=None, oldest_wait_s=1.5 if depth else None,
+                          updated_at=None)
+
+    metrics.queues_read("qt", [stats("llm", 4, 2, 3), stats("default", 0, 1, None)])
+    llm, default = {"tenant": "qt", "queue": "llm"}, {"tenant": "qt", "queue": "default"}
+    assert (sample("wal_engine_queue_depth", llm), sample("wal_engine_queue_running", llm),
+            sample("wal_engine_queue_concurrency_max", llm),
+            sample("wal_engine_queue_oldest_wait_seconds", llm)) == (4, 2, 3, 1.5)
+    registry = prometheus().REGISTRY
+    assert registry.get_sample_value("wal_engine_queue_concurrency_max", default) is None
+    assert registry.get_sample_value("wal_engine_queue_running", default) == 1
+    metrics.queues_read("qt", [stats("llm", 0, 0, 3)])
+    assert registry.get_sample_value("wal_engine_queue_running", default) is None
+    before = sample("wal_engine_queue_claims_total", {"queue": "llm"})
+    metrics.claimed_in_queue("llm")
+    assert sample("wal_engine_queue_claims_total", {"queue": "llm"}) == before + 1
