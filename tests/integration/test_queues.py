@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from typing import Any
 
@@ -161,16 +162,24 @@ async def test_partition_runs_one_at_a_time_in_submission_order(engine: Engine) 
     assert await claim(engine, "w", 10) == ["a3"]
 
 
-async def test_workers_in_parallel_never_exceed_the_limits(engine: Engine, database_dsn: str
-                                                           ) -> None:
-    """Four engines' workers (their own pools, so concurrent claims in PostgreSQL) on one
-    queue of limit 3, per-worker 2, and partitions: the log's ledger never shows more."""
+DEEP = pytest.mark.skipif(os.environ.get("RELIABILITY_DEEP") != "1",
+                          reason="deep tier: set RELIABILITY_DEEP=1 to run it")
+
+
+@pytest.mark.parametrize(("tasks", "engines_n", "seed"), [
+    (36, 4, 24),
+    pytest.param(600, 6, 2424, marks=[pytest.mark.deep, DEEP]),
+])
+async def test_workers_in_parallel_never_exceed_the_limits(
+        engine: Engine, database_dsn: str, tasks: int, engines_n: int, seed: int) -> None:
+    """Several engines' workers (their own pools, so concurrent claims in PostgreSQL) on
+    one queue of limit 3, per-worker 2, and partitions: the log's ledger never shows more."""
     from wal_engine.engine import connect
 
     await engine.set_queue("tight", concurrency_max=3, worker_concurrency_max=2)
     engines = [engine] + [await connect(database_dsn, migrate=False, pool_size_max=4)
-                          for _ in range(3)]
-    rng = random.Random(24)
+                          for _ in range(engines_n - 1)]
+    rng = random.Random(seed)
 
     async def body(ctx: AgentContext, task_input: Any) -> Any:
         await asyncio.sleep(task_input["sleep_s"])
@@ -179,16 +188,16 @@ async def test_workers_in_parallel_never_exceed_the_limits(engine: Engine, datab
     for each in engines:
         each.register("q", body)
     ids = []
-    for i in range(36):
+    for i in range(tasks):
         key = rng.choice([None, None, "k1", "k2"])
         ids.append(await engine.submit("q", {"sleep_s": rng.uniform(0.005, 0.04)},
-                                       task_id=f"t{i:02d}", queue="tight", partition_key=key,
+                                       task_id=f"t{i:03d}", queue="tight", partition_key=key,
                                        priority=rng.choice([0, 0, 1])))
     workers = [each.worker(concurrency=3, **FAST) for each in engines]
     runs = [asyncio.create_task(w.run()) for w in workers]
     try:
         for task_id in ids:
-            state = await engine.wait(task_id, timeout_s=60)
+            state = await engine.wait(task_id, timeout_s=120)
             assert state.status is Status.COMPLETED
     finally:
         for w in workers:
@@ -203,7 +212,7 @@ async def test_workers_in_parallel_never_exceed_the_limits(engine: Engine, datab
 
         assert REGISTRY.get_sample_value("wal_engine_queue_concurrency_max",
                                          {"tenant": "default", "queue": "tight"}) == 3
-    assert len(ledger.slots) >= 36
+    assert len(ledger.slots) >= tasks
     # Reached (the workload saturates them) and never passed.
     assert ledger.peak("tight") == 3
     assert ledger.peak("tight", by_worker=True) == 2
