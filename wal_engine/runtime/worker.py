@@ -251,7 +251,11 @@ class Worker:
             self._closing = True
             for run in self.runs.values():
                 run.stop_forced = True
-            await _cancel_until_done([*loops, *self._run_tasks])
+            runs = list(self._run_tasks)
+            for task in runs:
+                task.cancel()
+            await _cancel_until_done(loops)
+            await asyncio.gather(*runs, return_exceptions=True)
             await asyncio.to_thread(self.keeper.stop)
             # A run keeps its task while its sync call's thread runs, even through a
             # drain; one still running here belongs to a run cancelled twice (a forced
@@ -292,7 +296,11 @@ class Worker:
             run.request_suspend()
         _, pending = await asyncio.wait(set(self._run_tasks),
                                            timeout=self.config.drain_timeout_s)
-        await _cancel_until_done(pending)
+        # Cancelled once: a run waiting on its sync call's thread goes on waiting (a second
+        # cancellation is a forced stop, which leaves the task to lease expiry).
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     # ------------------------------------------------------------------ claims
 
@@ -472,10 +480,11 @@ class Worker:
 
 
 async def _cancel_until_done(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait until each has ended, cancelling again those still running
-    after a while: a cancellation can be lost (Python 3.11's ``wait_for`` drops one that
-    arrives as its inner await completes), and a loop that lost it would run on forever
-    (a worker's stop then never returned)."""
+    """Cancel the background loops ``tasks`` and wait until each has ended, cancelling again
+    those still running after a while: a cancellation can be lost (Python 3.11's ``wait_for``
+    drops one that arrives as its inner await completes), and a loop that lost it would run
+    on forever (a worker's stop then never returned). Not for runs: a run cancelled twice is
+    stopped by force."""
     pending = set(tasks)
     rounds = 0
     while pending:
