@@ -96,7 +96,7 @@ def _taken_networks() -> list[ipaddress.IPv4Network]:
             for word in line.split():
                 with contextlib.suppress(ValueError):
                     if "/" in word or word[:1].isdigit():
-                        taken.append(ipaddress.ip_network(word, strict=False))
+                        taken.append(ipaddress.IPv4Network(word, strict=False))
     return [network for network in taken if network.prefixlen > 0]
 
 
