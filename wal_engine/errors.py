@@ -60,6 +60,26 @@ class ConnectionLost(DatabaseUnavailable):
         self.sent = sent
 
 
+class ReplicaUnavailable(DatabaseUnavailable):
+    """The read replica named for an audit (``--replica``) cannot be reached."""
+
+    def __init__(self, dsn_redacted: str, reason: str) -> None:
+        WalError.__init__(self, f"replica unreachable at {dsn_redacted}: {reason}")
+        self.dsn_redacted = dsn_redacted
+        self.reason = reason
+
+
+class NotAStandby(ConfigurationError):
+    """The DSN given as a read replica is a primary (``pg_is_in_recovery()`` is false):
+    reading from it would not spare the primary, and "how far behind" means nothing."""
+
+    def __init__(self, dsn_redacted: str) -> None:
+        super().__init__(f"{dsn_redacted} is not a standby (pg_is_in_recovery() is false): "
+                         "--replica must name a streaming replica; to read the primary, "
+                         "use --dsn")
+        self.dsn_redacted = dsn_redacted
+
+
 class SchemaMismatch(WalError):
     """The database has no wal-engine schema, or one of another version."""
 
