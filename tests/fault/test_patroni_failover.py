@@ -17,7 +17,7 @@ switchover, the zombie and the repeated runs are deep (RELIABILITY_DEEP=1).
 Not made here: the loss of a *host* whose packets vanish (no RST, clients hang until TCP
 gives up). Every node runs on 127.0.0.1, so a killed node's sockets are closed by the
 kernel and clients see the loss at once; a network partition needs the nodes in network
-namespaces (iproute2, root), which these tests do not set up.
+namespaces (wal_engine.testing.netns), which these tests do not use yet.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from tests.fault.support import (
     outcome_violations,
     report,
 )
+from wal_engine.dsn import Dsn
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import TaskAlreadyExists, UnknownTask, WalError
 from wal_engine.security.roles import DEVELOPMENT_ENV
@@ -180,15 +181,20 @@ class Client:
         self.signalled_at[task_id] = await self._call(lambda: self.engine.signal(
             task_id, "go", {"go": index}, dedup_key=f"go-{task_id}"))
 
-    async def run(self, count: int, lag: int = 3, pace_s: float = 0.05) -> None:
-        """Submit ``count`` tasks, signalling each ``lag`` submissions later."""
-        for index in range(count):
+    async def run(self, count: int, fault_over: asyncio.Event, after: int = 10, lag: int = 3,
+                  pace_s: float = 0.05) -> None:
+        """Submit at least ``count`` tasks and go on until ``after`` more were submitted
+        once ``fault_over`` is set, signalling each ``lag`` submissions later."""
+        index = after_fault = 0
+        while index < count or after_fault < after:
             await self.submit(index)
             if index >= lag:
                 await self.signal(index - lag)
+            after_fault += fault_over.is_set()
+            index += 1
             await asyncio.sleep(pace_s)  # The client's pace, not a wait for a condition.
-        for index in range(max(0, count - lag), count):
-            await self.signal(index)
+        for earlier in range(max(0, index - lag), index):
+            await self.signal(earlier)
 
     def error_summary(self) -> str:
         if not self.errors:
@@ -228,6 +234,7 @@ class Outcome:
     before: int
     found: int
     violations: list[Violation]
+    tasks: int = 0
 
 
 async def _measure(engine: Engine, client: Client, tmp_path: Path, fault_wall: float
@@ -299,8 +306,8 @@ async def _run_fault(cluster: PatroniCluster, dsn: str, tmp_path: Path, prefix: 
                      fault: str) -> tuple[Outcome, Client, Any, int, str]:
     """Two workers and the client run; after 12 submissions the fault happens ("kill":
     the leader's node SIGKILLed, "switchover": patronictl switchover); the client goes on
-    to 30 tasks. Returns the outcome, the client, the ledger totals, the escalations and
-    the old leader's name."""
+    until 30 tasks and 10 more after the new leader is up. Returns the outcome, the
+    client, the ledger totals, the escalations and the old leader's name."""
     engine = await _engine(dsn)
     workers = _pool(dsn, tmp_path)
     client = Client(engine, prefix)
@@ -310,7 +317,8 @@ async def _run_fault(cluster: PatroniCluster, dsn: str, tmp_path: Path, prefix: 
         for worker in workers.workers:
             await worker.ready()
         old_leader = cluster.wait_for_leader(30)
-        running = asyncio.create_task(client.run(30))
+        fault_over = asyncio.Event()
+        running = asyncio.create_task(client.run(30, fault_over))
         await wait_until(lambda: len(client.submitted_at) >= 12 or running.done(),
                          "12 submissions", 60)
         started = time.monotonic()
@@ -323,10 +331,12 @@ async def _run_fault(cluster: PatroniCluster, dsn: str, tmp_path: Path, prefix: 
             fault_wall = time.time()
             new_leader = await asyncio.to_thread(cluster.switchover)
         fault_s = time.monotonic() - started
+        fault_over.set()
         await running
         violations, effects, escalated = await _finish_and_check(engine, client)
         outcome = await _measure(engine, client, tmp_path, fault_wall)
         outcome.fault_s = fault_s
+        outcome.tasks = len(client.expected)
         outcome.violations += violations
         assert new_leader != old_leader
         assert cluster.leader() == new_leader
@@ -354,7 +364,7 @@ def _report(matrix_id: str, outcome: Outcome, client: Client, effects: Any, esca
             **more: Any) -> None:
     report(matrix_id, outcome.violations, tasks=len(client.expected), effects=effects,
            fault_to_new_leader_s=f"{outcome.fault_s:.2f}",
-           kill_to_first_append_s=_seconds(outcome.first_append_s),
+           fault_to_first_append_s=_seconds(outcome.first_append_s),
            first_worker_append_s=_seconds(outcome.first_worker_append_s),
            first_client_append_s=_seconds(outcome.first_client_append_s),
            longest_write_gap_s=f"{outcome.write_gap_s:.2f}",
@@ -379,3 +389,158 @@ async def test_ha1_leader_node_lost_mid_run(cluster: PatroniCluster, ha_dsn: str
     _report("HA1", outcome, client, effects, escalated, rejoin_s=f"{rejoin_s:.1f}",
             pg_rewind="yes" if rewound else "no")
     _assert_only_engine_errors(client)
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(420)
+async def test_ha2_planned_switchover_mid_run(cluster: PatroniCluster, ha_dsn: str,
+                                             tmp_path: Path) -> None:
+    """``patronictl switchover`` to the synchronous standby while the workers run and the
+    client submits and signals: the same invariants as a node loss; the old leader is a
+    replica of the new one at once (Patroni demotes it, no rewind needed)."""
+    outcome, client, effects, escalated, old = await _run_fault(
+        cluster, ha_dsn, tmp_path, "ha2", "switchover")
+    rejoin_s, _ = await asyncio.to_thread(_rejoin, cluster, old)
+    _report("HA2", outcome, client, effects, escalated, rejoin_s=f"{rejoin_s:.1f}")
+    _assert_only_engine_errors(client)
+
+
+deep_runs = 5
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(1800)
+async def test_ha1_repeated_node_losses(cluster: PatroniCluster, ha_dsn: str,
+                                        tmp_path: Path) -> None:
+    """HA1 five times on one cluster (each time the current leader lost, then rewound
+    back): the figures per run, their median and spread."""
+    runs: list[Outcome] = []
+    errors: Counter[str] = Counter()
+    raw = 0
+    for run in range(deep_runs):
+        logs = tmp_path / f"run{run}"
+        logs.mkdir()
+        outcome, client, effects, escalated, old = await _run_fault(
+            cluster, ha_dsn, logs, f"ha1r{run}", "kill")
+        rejoin_s, rewound = await asyncio.to_thread(_rejoin, cluster, old)
+        _report(f"HA1 run {run + 1}", outcome, client, effects, escalated,
+                rejoin_s=f"{rejoin_s:.1f}", pg_rewind="yes" if rewound else "no")
+        runs.append(outcome)
+        errors.update(client.errors)
+        raw += len(client.raw_errors)
+    firsts = [r.first_append_s for r in runs if r.first_append_s is not None]
+    gaps = [r.write_gap_s for r in runs]
+    report("HA1 summary", [], tasks=sum(r.tasks for r in runs), runs=deep_runs,
+           kill_to_first_append_median_s=f"{statistics.median(firsts):.2f}",
+           kill_to_first_append_min_max_s=f"{min(firsts):.2f}-{max(firsts):.2f}",
+           write_gap_median_s=f"{statistics.median(gaps):.2f}",
+           acknowledged_before=sum(r.before for r in runs),
+           found_after=sum(r.found for r in runs), raw_driver_errors=raw)
+    assert len(firsts) == deep_runs
+
+
+# ----------------------------------------------------------------------------- zombies
+
+ZOMBIE_WORDS = ("task_run_fenced", "lease_lost", "lease_broken", "task_run_given_up",
+                "read-only", "ReadOnly", "StaleEpoch", "LeaseExpired", "StaleDelivery")
+HELD = """
+SELECT task_id, lease_epoch FROM wal_tasks
+ WHERE lease_owner = $1 AND status IN ('RUNNING', 'CHECKPOINTED')
+"""
+OWNED_DELIVERIES = "SELECT count(*) FROM wal_test_effects, unnest(owners) AS o WHERE o = $1"
+
+
+async def _pause_holding(engine: Engine, zombie: WorkerProcess, attempts: int = 50
+                         ) -> dict[str, int]:
+    """SIGSTOP ``zombie`` at a moment it holds leases on running tasks; the tasks and the
+    epochs it holds them at."""
+    for _ in range(attempts):
+        await wait_until(lambda: engine.database.fetch(HELD, zombie.worker_id),
+                         f"{zombie.worker_id} to hold a lease", 30, 0.005)
+        zombie.pause()
+        held = {str(r["task_id"]): int(r["lease_epoch"])
+                for r in await engine.database.fetch(HELD, zombie.worker_id)}
+        if held:
+            return held
+        zombie.resume()
+    raise AssertionError(f"{zombie.worker_id} never held a lease when paused")
+
+
+@pytest.mark.deep
+@pytest.mark.timeout(600)
+async def test_ha3_old_leader_rejoins_and_its_zombies_are_fenced(
+        cluster: PatroniCluster, ha_dsn: str, tmp_path: Path) -> None:
+    """Two workers SIGSTOPped while they hold leases, both attached to the leader (one
+    through the multi-host DSN, one through the leader's own address only); the leader's
+    node is lost, a rescuer finishes their tasks on the new leader, the old leader comes
+    back rewound as a replica, and only then do the zombies resume: neither can write
+    (the pinned one reaches a read-only replica, the other a leader whose epochs moved
+    on), the ledger counts no delivery of theirs after the resume, every task finishes."""
+    engine = await _engine(ha_dsn)
+    database = Dsn.parse(ha_dsn).database or ""
+    old = cluster.wait_for_leader(30)
+    pool = _pool(ha_dsn, tmp_path)
+    expected: dict[str, Any] = {}
+    try:
+        zombie = pool.start("zombie", drain_timeout_s=5.0, **_spawn_options(tmp_path, "zombie"))
+        pinned = WorkerProcess(cluster.node_dsn(old, database), "pinned", REGISTER,
+                               log_dir=tmp_path, cwd=REPO, concurrency=4, drain_timeout_s=5.0,
+                               **WORKER_TIMINGS, **_spawn_options(tmp_path, "pinned"))
+        pool.workers.append(pinned)
+        for worker in (zombie, pinned):
+            await worker.ready()
+        for index in range(60):
+            task_id = await engine.submit(ledger_agents.AGENT,
+                                          {"n": index % 5 + 1, "sleep_ms": 0, "wait": False},
+                                          task_id=f"ha3-{index}")
+            expected[task_id] = expected_output(index % 5 + 1)
+        held = {**await _pause_holding(engine, zombie), **await _pause_holding(engine, pinned)}
+        await asyncio.to_thread(cluster.kill_node, old)
+        killed_wall = time.time()
+        new_leader = await asyncio.to_thread(cluster.wait_for_leader, 60, other_than=old)
+        rescuer = await pool.spawn("rescuer", **_spawn_options(tmp_path, "rescuer"))
+        await wait_until(lambda: _all_done(engine, list(expected)), "every task to finish",
+                         finish_timeout_s, 0.2)
+        rejoin_s, rewound = await asyncio.to_thread(_rejoin, cluster, old)
+        assert cluster.leader() == new_leader
+        owned = {w.worker_id: await _owned(engine, w.worker_id) for w in (zombie, pinned)}
+        stale_before = (await EffectLedger.for_engine(engine).totals()).stale_rejected
+        sizes = {w.worker_id: len(w.output()) for w in (zombie, pinned)}
+        for worker in (zombie, pinned):
+            worker.resume()
+        for worker in (zombie, pinned):
+            # What it tries after waking: its leases are gone (the database's clock), its
+            # sockets to the old leader are dead; it is stopped once it said so.
+            await wait_until(lambda w=worker: any(word in w.output()[sizes[w.worker_id]:]
+                                                  for word in ZOMBIE_WORDS),
+                             f"{worker.worker_id} to meet its fence", 60, 0.1)
+            worker.kill(15)
+            await worker.exited(60)
+        after = {w.worker_id: await _owned(engine, w.worker_id) for w in (zombie, pinned)}
+        effects_totals = await EffectLedger.for_engine(engine).totals()
+        violations, effects = await check_everything(engine)
+        outcomes, escalated = await outcome_violations(engine, expected)
+        acks = await _measure(engine, Client(engine, "none"), tmp_path, killed_wall)
+        for worker_id, count in after.items():
+            if count != owned[worker_id]:
+                violations.append(Violation(
+                    invariant="I7", detail=f"{worker_id} delivered {count - owned[worker_id]} "
+                                           f"effects after it woke up"))
+        refusals = {w.worker_id: sum(w.output()[sizes[w.worker_id]:].count(word)
+                                     for word in ZOMBIE_WORDS) for w in (zombie, pinned)}
+        report("HA3", violations + outcomes + acks.violations, tasks=len(expected),
+               effects=effects, zombies=2, leases_held_when_paused=len(held),
+               rescued_by_rescuer=rescuer.worker_id,
+               stale_refused_after_wake=effects_totals.stale_rejected - stale_before,
+               zombie_refusals_logged=refusals, rejoin_s=f"{rejoin_s:.1f}",
+               pg_rewind="yes" if rewound else "no", acknowledged_before=acks.before,
+               found_after=acks.found, escalated=escalated)
+    finally:
+        pool.close()
+        await engine.close()
+
+
+async def _owned(engine: Engine, worker_id: str) -> int:
+    """Deliveries the ledger accepted from ``worker_id`` (its name in ``owners``)."""
+    row = await engine.database.fetchrow(OWNED_DELIVERIES, worker_id)
+    return int(row[0])

@@ -22,7 +22,7 @@ Clients reach the leader through :meth:`PatroniCluster.dsn`, a multi-host DSN wi
 ``target_session_attrs=read-write``: the driver tries each host and keeps the one that
 accepts writes. A single address (HAProxy asking each node's ``GET /primary``, or a
 virtual IP moved by a Patroni callback) does the same outside the client; see
-docs/operations.md.
+docs/testing.md ("A highly available PostgreSQL").
 """
 
 from __future__ import annotations

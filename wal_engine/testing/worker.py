@@ -7,8 +7,8 @@ async, called with the engine). Timings come from ``WAL_ENGINE_TEST_LEASE_TTL_MS
 ``ENGINE_FAILPOINT`` (``name:nth:sigkill``). Prints ``ready`` once it works and exits 0 on
 SIGTERM after handing its tasks back. With ``WAL_ENGINE_TEST_ACK_LOG`` set to a file, every
 append the worker saw acknowledged is written to it, one line each (wall times sent and
-acknowledged, task, seq, hash; :func:`read_ack_log` reads it back), so that a test can check a subprocess's
-acknowledged appends (I1) after a fault.
+acknowledged, task, seq, hash; :func:`read_ack_log` reads it back), so that a test can check
+a subprocess's acknowledged appends (I1) after a fault.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ class AckLine(NamedTuple):
 def _log_acks(engine: Any, path: str) -> None:
     """Write every append ``engine``'s runs see acknowledged to ``path`` (line-buffered:
     a line is written when its append returned, so a SIGKILL loses at most that line)."""
-    log = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's lifetime
-
+    log = open(path, "a", buffering=1)  # Open for the process's lifetime.
     committer = engine.committer
     original = committer.append
 
