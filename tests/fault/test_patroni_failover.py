@@ -284,8 +284,26 @@ async def _finish_and_check(engine: Engine, client: Client) -> tuple[list[Violat
     await wait_until(lambda: _all_done(engine, list(client.expected)),
                      "every task to finish", finish_timeout_s, 0.2)
     violations, effects = await check_everything(engine)
-    outcomes, escalated = await outcome_violations(engine, client.expected)
+    outcomes, escalated = await _outcomes(engine, client.expected)
     return violations + outcomes, effects, escalated
+
+
+async def _outcomes(engine: Engine, expected: dict[str, Any]) -> tuple[list[Violation], int]:
+    """I8/I11 with escalations allowed, and (as in D1, D10) a task failed because a
+    non-deduplicating fake lost its own answer: the fakes keep their counts on the
+    cluster, so a delivery cut by the failover has an unknown outcome and the engine must
+    not send it again. Those count as escalated, not as violations."""
+    violations, escalated = await outcome_violations(engine, expected)
+    kept = []
+    for violation in violations:
+        state = await engine.state(violation.task_id or "")
+        failure = state.failure
+        if (violation.invariant == "I8" and failure is not None
+                and failure.reason == "agent_error" and "OutcomeUnknown" in (failure.error or "")):
+            escalated += 1
+        else:
+            kept.append(violation)
+    return kept, escalated
 
 
 async def _all_done(engine: Engine, task_ids: list[str]) -> bool:
@@ -519,7 +537,7 @@ async def test_ha3_old_leader_rejoins_and_its_zombies_are_fenced(
         after = {w.worker_id: await _owned(engine, w.worker_id) for w in (zombie, pinned)}
         effects_totals = await EffectLedger.for_engine(engine).totals()
         violations, effects = await check_everything(engine)
-        outcomes, escalated = await outcome_violations(engine, expected)
+        outcomes, escalated = await _outcomes(engine, expected)
         acks = await _measure(engine, Client(engine, "none"), tmp_path, killed_wall)
         for worker_id, count in after.items():
             if count != owned[worker_id]:
