@@ -79,7 +79,9 @@ def cluster() -> Iterator[PatroniCluster]:
     try:
         started = start_cluster()
     except PatroniUnavailable as error:
-        pytest.skip(f"the Patroni cluster did not start here: {error}")
+        # Every component is installed: a cluster that does not come up is a failure to
+        # read (with the servers' logs), never a silent skip.
+        pytest.fail(f"the Patroni cluster did not start: {error}")
     # The engine refuses a superuser outside a development setup (the embedded server is
     # recognised as one; a cluster of the test's own is one too). Workers inherit it.
     patch = pytest.MonkeyPatch()

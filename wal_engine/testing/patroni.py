@@ -318,6 +318,12 @@ class PatroniCluster:
                 self.start_node(node.name)
             self.wait_healthy(start_timeout_s)
             self._create_database()
+        except PatroniUnavailable as error:
+            # What each server said, read before close() removes the scratch directory.
+            logs = "\n".join(f"--- {path.relative_to(self.root)}\n{_tail(path)}"
+                              for path in sorted(self.root.rglob("*.log")))
+            self.close()
+            raise PatroniUnavailable(f"{error}\n{logs}") from error
         except BaseException:
             self.close()
             raise
