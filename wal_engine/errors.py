@@ -151,6 +151,22 @@ class PayloadTooLarge(InvalidPayload):
         self.limit_bytes = limit_bytes
 
 
+class InvalidSchedule(InvalidInput):
+    """A schedule refused at the call that defined it (a cron expression, time zone,
+    interval, catch-up policy or name the engine cannot use); nothing was written."""
+
+    def __init__(self, schedule: object, field: str, reason: str) -> None:
+        shown = repr(schedule)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid schedule {shown}: {field}: {reason}")
+        self.schedule = schedule
+        self.field = field
+        """Which argument: ``name``, ``agent``, ``cron``, ``every_s``, ``tz``,
+        ``catch_up``, ``catch_up_max`` or ``input``."""
+        self.reason = reason
+
+
 # ---------------------------------------------------------------------------------------
 # Operating errors of the log.
 
@@ -169,6 +185,24 @@ class TaskAlreadyExists(WalError):
     def __init__(self, task_id: str) -> None:
         super().__init__(f"task {task_id!r} already exists with a different agent or input")
         self.task_id = task_id
+
+
+class UnknownSchedule(WalError):
+    """No schedule of this name exists (in this engine's tenant)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown schedule {name!r}")
+        self.name = name
+
+
+class ScheduleExists(WalError):
+    """A schedule of this name exists with another definition (pass ``replace=True`` to
+    change it); nothing was written."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"schedule {name!r} already exists with another definition "
+                         "(replace=True, or `schedule add --replace`, changes it)")
+        self.name = name
 
 
 class TaskQuotaExceeded(WalError):

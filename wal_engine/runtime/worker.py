@@ -16,7 +16,9 @@ keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
   With the metrics extra installed, the sweep also reads the tenant's live tasks by agent
   and version (one grouped statement, at most every ``live_tasks_refresh_sweeps`` sweep
   intervals) into the ``wal_engine_live_tasks`` gauge;
-* listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
+* listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff;
+* schedules: fires the tenant's due schedules on its own connection, one task per tick
+  (:mod:`wal_engine.runtime.schedules`), sleeping until the next tick (at most ``poll_ms``).
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
 durable point, hands it back (RESUMING), and returns. Past ``drain_timeout_s`` the runs are
@@ -60,6 +62,7 @@ from wal_engine.runtime.registry import (
     runnable_versions,
 )
 from wal_engine.runtime.run import TaskRun
+from wal_engine.runtime.schedules import ScheduleTicker
 from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.store import queries
 from wal_engine.store.connection import (
@@ -239,6 +242,9 @@ class Worker:
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._listen_loop(), name="listen"),
             asyncio.create_task(self._register_loop(), name="register"),
+            asyncio.create_task(self._with_connection("schedules", None, ScheduleTicker(
+                self.services.store, idle_s=self.config.poll_ms / 1000, log=self.log).step),
+                name="schedules"),
         ]
         self.log.info("worker_started", concurrency=self.config.concurrency)
         try:

@@ -224,6 +224,33 @@ class Store:
         existing task and ``False``; a different submission under the same id raises
         :class:`TaskAlreadyExists`. Bad input raises before anything is written.
         """
+        created, payload = await self._insert_task(
+            task_id, agent, input=input, budget=budget, parent_task_id=parent_task_id,
+            parent_seq=parent_seq, agent_version=agent_version, connection=None)
+        if created:
+            return await self.read_head(task_id), True
+        first = await self.read_events(task_id, from_seq=1, to_seq=1)
+        if not first or first[0].payload != payload:
+            raise TaskAlreadyExists(task_id)
+        return await self.read_head(task_id), False
+
+    async def insert_task(self, task_id: str, agent: str, *, input: Any = None,
+                          connection: asyncpg.Connection) -> bool:
+        """Create a QUEUED task as :meth:`create_task` does, inside the caller's transaction
+        on ``connection``; whether it was created (False: a task of that id exists,
+        whatever it holds). Schedules fire their ticks with it."""
+        created, _ = await self._insert_task(task_id, agent, input=input, budget=None,
+                                             parent_task_id=None, parent_seq=None,
+                                             agent_version=None, connection=connection)
+        return created
+
+    async def _insert_task(
+        self, task_id: str, agent: str, *, input: Any, budget: vocabulary.Budget | None,
+        parent_task_id: str | None, parent_seq: int | None, agent_version: str | None,
+        connection: asyncpg.Connection | None,
+    ) -> tuple[bool, bytes]:
+        """Write a task's row and its ``task_submitted`` event unless the id is taken:
+        whether it was, and the event's payload."""
         task_id = validate_task_id(task_id)
         if not agent or len(agent) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
@@ -251,17 +278,13 @@ class Store:
         if chunks:
             pending = Chunks()
             pending.add(chunks)
-            row = await self.database.fetchrow(queries.CREATE_TASK_BLOBS, *args,
-                                               *pending.args(), task_id=task_id)
+            rows = await self.database.fetch(queries.CREATE_TASK_BLOBS, *args,
+                                             *pending.args(), task_id=task_id,
+                                             connection=connection)
         else:
-            row = await self.database.fetchrow(queries.CREATE_TASK, *args, task_id=task_id)
-        assert row is not None
-        if row["created"]:
-            return await self.read_head(task_id), True
-        first = await self.read_events(task_id, from_seq=1, to_seq=1)
-        if not first or first[0].payload != payload:
-            raise TaskAlreadyExists(task_id)
-        return await self.read_head(task_id), False
+            rows = await self.database.fetch(queries.CREATE_TASK, *args, task_id=task_id,
+                                             connection=connection)
+        return bool(rows[0]["created"]), payload
 
     async def read_head(self, task_id: str) -> TaskHead:
         """The task's head row; raises :class:`UnknownTask`."""
