@@ -53,6 +53,9 @@ fire_batch_max: Final = 100
 contended_wait_s: Final = 0.05
 """How long a worker waits when the due schedules are another worker's to fire (locked)."""
 list_rows_max: Final = 10_000
+input_bytes_max: Final = 1024 * 1024
+"""A schedule's input is kept in its row and copied into every tick's task: at most 1 MiB
+encoded (larger inputs belong in the agent's own store, referred to by the input)."""
 error_chars_max: Final = 500
 
 _COLUMNS: Final = """name, agent, cron, every_s, time_zone, input, catch_up, catch_up_max,
@@ -160,12 +163,14 @@ class TickFired(msgspec.Struct, frozen=True, kw_only=True):
 
 def encode_input(spec: ScheduleSpec, value: Any, *, redactor: Redactor,
                  payload_bytes_max: int) -> bytes:
-    """The input every tick's task gets, as stored: redacted, plain JSON, and small enough
-    for a ``task_submitted`` event (checked now, so a tick never fails on it later)."""
-    redacted = redact_bounded(redactor, value, payload_bytes_max)
+    """The input every tick's task gets, as stored: redacted, plain JSON, at most
+    :data:`input_bytes_max`, and fit for a ``task_submitted`` event (checked now, so a tick
+    never fails on it later)."""
+    bytes_max = min(payload_bytes_max, input_bytes_max)
+    redacted = redact_bounded(redactor, value, bytes_max)
     vocabulary.encode_event(vocabulary.TaskSubmitted(agent=spec.agent, input=redacted),
                             payload_bytes_max=payload_bytes_max)
-    return encode_payload(redacted, payload_bytes_max=payload_bytes_max)
+    return encode_payload(redacted, payload_bytes_max=bytes_max)
 
 
 async def add_schedule(database: Database, spec: ScheduleSpec, stored_input: bytes, *,
