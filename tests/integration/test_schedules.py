@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +29,7 @@ from wal_engine.runtime.schedules import TickFired, fire_due
 from wal_engine.store.connection import apply_schema
 from wal_engine.testing.processes import wait_until
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 FAST: dict[str, Any] = {"poll_ms": 50, "sweep_ms": 200, "lease_ttl_ms": 3000,
                         "heartbeat_ms": 500}
 
@@ -274,7 +275,7 @@ async def test_workers_fire_interval_ticks_once_each_and_run_them(scheduled: Eng
         await asyncio.gather(*running)
     ids = await _task_ids(engine, "beat")
     stamps = [dt.datetime.strptime(i.rsplit(":", 1)[1], "%Y%m%dT%H%M%SZ") for i in ids]
-    assert [(b - a).total_seconds() for a, b in zip(stamps, stamps[1:], strict=False)] == [
+    assert [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)] == [
         1.0] * (len(stamps) - 1)
     assert (await engine.schedule_info("beat")).ticks_fired == len(ids)
     assert (await engine.state(ids[0])).output == 7

@@ -23,8 +23,8 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from wal_engine import failpoints
 from wal_engine import events as vocabulary
+from wal_engine import failpoints
 from wal_engine.errors import (
     DatabaseUnavailable,
     InvalidSchedule,

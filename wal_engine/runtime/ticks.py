@@ -59,7 +59,7 @@ CRON_NAMES: Final = {
     "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-UTC: Final = dt.timezone.utc
+UTC: Final = dt.UTC
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 
