@@ -354,3 +354,26 @@ async def test_cli_schedule_commands_in_json_and_their_errors(scheduled: Engine)
     assert unknown.exit_code == 3 and "unknown schedule 'nothing'" in one_error_line(unknown)
     assert [s.name for s in await scheduled.schedules()] == ["nightly"]
     assert time.monotonic() - started < 30
+
+
+async def test_a_worker_on_a_database_without_schedules_runs_its_tasks(
+        scheduled: Engine) -> None:
+    """A database not migrated to schedules (no table): the worker says so once and runs
+    its tasks as before, without a reconnect loop."""
+    engine = scheduled
+    async with engine.database.acquire() as connection:
+        await connection.execute("DROP FUNCTION wal_delete_schedule(text); "
+                                 "DROP TABLE wal_schedules")
+    task_id = await engine.submit("ping", {"n": 5})
+    with capture_logs() as logs:
+        worker = engine.worker(concurrency=2, **FAST)
+        running = asyncio.create_task(worker.run())
+        try:
+            assert (await engine.wait(task_id, timeout_s=20)).output == 5
+            await asyncio.sleep(0.3)  # A few of the loop's polls, were it spinning.
+        finally:
+            worker.stop()
+            await running
+    unavailable = [e for e in logs if e["event"] == "schedules_unavailable"]
+    assert len(unavailable) == 1 and "wal_schedules" in unavailable[0]["error"]
+    assert not [e for e in logs if e["event"] == "worker_connection_lost"]

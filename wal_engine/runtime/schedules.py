@@ -52,6 +52,8 @@ fire_batch_max: Final = 100
 """Schedules one worker fires per turn of its loop (each in its own transaction)."""
 contended_wait_s: Final = 0.05
 """How long a worker waits when the due schedules are another worker's to fire (locked)."""
+unavailable_wait_s: Final = 60.0
+"""How long a worker waits before it looks again for a schedules table it could not use."""
 list_rows_max: Final = 10_000
 input_bytes_max: Final = 1024 * 1024
 """A schedule's input is kept in its row and copied into every tick's task: at most 1 MiB
@@ -294,13 +296,23 @@ class ScheduleTicker:
         """Fire what is due; the seconds to wait before the next step."""
         try:
             fired = await fire_due(connection, self.store, log=self.log)
+            wait_ms = (None if len(fired) >= fire_batch_max
+                       else await connection.fetchval(NEXT_DUE_MS))
         except SimulatedCrash as crash:
             # The worker 'died' mid-tick: the transaction is rolled back, as in a crash.
             self.log.warning("simulated_crash", point=str(crash))
             return self.idle_s
+        except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError,
+                asyncpg.InsufficientPrivilegeError) as error:
+            # A database not yet migrated to schedules (a runtime role runs on the schema
+            # it finds), or its grants not re-applied: the worker runs on, without
+            # schedules, and looks again now and then (not in a tight reconnect loop).
+            self.log.warning("schedules_unavailable", error=repr(error),
+                             retry_in_s=unavailable_wait_s,
+                             hint="run `wal-engine setup` (or migrate) as the owner")
+            return unavailable_wait_s
         if len(fired) >= fire_batch_max:
             return 0.0  # More may be due: go on at once.
-        wait_ms = await connection.fetchval(NEXT_DUE_MS)
         if wait_ms is None:
             return float(self.idle_s)
         # Still due after this step: another worker holds it (or it failed); look again soon.
