@@ -9,8 +9,16 @@ deleting the namespaces (:meth:`Lab.close`, also on failure) deletes every link 
 
 Faults on one host's link: :meth:`Lab.cut` sets the bridge's port of the host down (the
 cable pulled at the switch: the host's packets go nowhere, its sockets stay open), and
-:meth:`Lab.impair` puts ``tc netem`` loss and delay on both ends of its link (the kernel
-needs ``sch_netem``: :class:`NetemUnavailable` says so when it is refused).
+:meth:`Lab.impair` makes its link lose and delay packets. With ``sch_netem`` in the kernel
+that is ``tc netem`` loss and delay on both ends of the link. Without it (kernels built
+without netem, such as this project's sandbox) the loss is made with nftables instead: a
+``netdev`` ingress rule ``numgen random mod 10000 < N drop`` on each end of the link (the
+host's ``eth0`` and the bridge's port of the host), so each direction loses its share of
+packets on arrival, after the sender's stack has let them go, as on a lossy wire. A delay
+cannot be made that way: nftables can drop or pass a packet, not hold it, and the qdiscs
+such kernels do have (``tbf``, ``htb``) only delay what queues behind a rate limit (a
+packet's transmission time at the rate, more under load), never a fixed latency; so a
+delay without netem is refused (:class:`NetemUnavailable`) and nothing is applied.
 
 :class:`NamespacedPostgres` runs a PostgreSQL server inside a host: ``initdb`` and
 ``postgres`` as an unprivileged user, listening on the host's address (trust for the lab's
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import pwd
 import random
@@ -41,6 +50,11 @@ from wal_engine.testing.postgres import scratch_root
 
 IP: Final = "ip"
 TC: Final = "tc"
+NFT: Final = "nft"
+NETEM: Final = "netem"
+NFTABLES: Final = "nftables"
+loss_table: Final = "wal_lab_loss"
+"""The nftables table (family ``netdev``) :meth:`Lab.impair` puts its drop rules in."""
 command_timeout_s: Final = 30.0
 postgres_start_timeout_s: Final = 60.0
 postgres_stop_timeout_s: Final = 30.0
@@ -56,8 +70,13 @@ class LabError(RuntimeError):
     """A command that makes or changes the lab failed (its stderr is in the message)."""
 
 
-class NetemUnavailable(LabError):
-    """``tc qdisc add ... netem`` was refused: the kernel has no ``sch_netem``."""
+class ImpairmentUnavailable(LabError):
+    """The link cannot be impaired as asked on this machine (the message says why)."""
+
+
+class NetemUnavailable(ImpairmentUnavailable):
+    """A delay was asked for and ``tc qdisc add ... netem`` was refused: the kernel has no
+    ``sch_netem`` (loss alone is still made, with nftables)."""
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -128,7 +147,9 @@ class Lab:
         addresses = self.subnet.hosts()
         self._addresses = {host: str(next(addresses)) for host in self.hosts}
         self._made: list[str] = []
-        self._impaired: set[str] = set()
+        self._impaired: dict[str, str] = {}
+        self._netem_refusal: str | None = None
+        self._netem_probed = False
 
     # ------------------------------------------------------------------ naming
 
@@ -199,16 +220,68 @@ class Lab:
         self._in(self.hub, [IP, "link", "set", self.port_name(host), "up"])
         self.clear_impairment(host)
 
-    def impair(self, host: str, *, loss_percent: float, delay_ms: int) -> None:
-        """``tc netem`` loss and delay on both ends of ``host``'s link.
+    def _link_ends(self, host: str) -> tuple[tuple[str, str], tuple[str, str]]:
+        """(namespace host, device) of both ends of ``host``'s link: its ``eth0`` and the
+        bridge's port of it in the hub."""
+        return (host, "eth0"), (self.hub, self.port_name(host))
+
+    def netem_refusal(self) -> str | None:
+        """Why ``tc netem`` cannot be used here, or None when it can.
+
+        Probes once per lab, on the loopback device of the hub (nothing flows there)."""
+        if not self._netem_probed:
+            self._netem_probed = True
+            if shutil.which(TC) is None:
+                self._netem_refusal = "the tc command (iproute2) is not installed"
+            else:
+                rule = [TC, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+                done = self._in(self.hub, rule, check=False)
+                if done.returncode == 0:
+                    self._in(self.hub, [TC, "qdisc", "del", "dev", "lo", "root"], check=False)
+                else:
+                    self._netem_refusal = (f"`{' '.join(rule)}` was refused: "
+                                           f"{done.stderr.strip()} (the kernel needs sch_netem)")
+        return self._netem_refusal
+
+    def impair(self, host: str, *, loss_percent: float, delay_ms: int = 0) -> str:
+        """Lose ``loss_percent`` of the packets each way on ``host``'s link, each delayed by
+        ``delay_ms``; returns the mechanism used, :data:`NETEM` or :data:`NFTABLES`.
+
+        ``tc netem`` on both ends of the link where the kernel has it; else, for loss
+        alone, nftables drop rules at both ends' ingress (see the module's docstring).
+        One impairment at a time per host: a second call replaces the first.
 
         Raises:
-            NetemUnavailable: tc refused netem (its message says why).
+            ValueError: ``loss_percent`` outside 0-100 or a negative ``delay_ms``.
+            NetemUnavailable: a delay was asked for and the kernel has no netem (nothing
+                is applied; ask for the loss alone to get it with nftables).
+            ImpairmentUnavailable: neither netem nor nftables can make the loss here.
         """
-        if shutil.which(TC) is None:
-            raise NetemUnavailable("the tc command (iproute2) is not installed")
+        self._known(host)
+        if host == self.hub:
+            raise ValueError(f"{host!r} is the hub: impair the link of another host")
+        if not 0 <= loss_percent <= 100:
+            raise ValueError(f"loss_percent must be within 0-100, not {loss_percent!r}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must not be negative, not {delay_ms!r}")
+        self.clear_impairment(host)
+        refusal = self.netem_refusal()
+        if refusal is None:
+            self._netem(host, loss_percent, delay_ms)
+            return NETEM
+        if delay_ms > 0:
+            raise NetemUnavailable(
+                f"a delay of {delay_ms} ms on {host}'s link needs tc netem: {refusal}. "
+                "nftables can only drop packets, and tbf/htb delay only what queues behind "
+                "a rate limit, not by a fixed latency; ask for the loss alone (delay_ms=0) "
+                "to get it with nftables")
+        self._nft_loss(host, loss_percent)
+        return NFTABLES
+
+    def _netem(self, host: str, loss_percent: float, delay_ms: int) -> None:
         rule = ["netem", "loss", f"{loss_percent}%", "delay", f"{delay_ms}ms"]
-        for where, device in ((host, "eth0"), (self.hub, self.port_name(host))):
+        self._impaired[host] = NETEM
+        for where, device in self._link_ends(host):
             done = self._in(where, [TC, "qdisc", "add", "dev", device, "root", *rule],
                             check=False)
             if done.returncode != 0:
@@ -216,15 +289,66 @@ class Lab:
                 raise NetemUnavailable(
                     f"`tc qdisc add dev {device} root {' '.join(rule)}` was refused: "
                     f"{done.stderr.strip()} (the kernel needs sch_netem)")
-            self._impaired.add(host)
+
+    def _nft_loss(self, host: str, loss_percent: float) -> None:
+        if shutil.which(NFT) is None:
+            raise ImpairmentUnavailable(
+                "the kernel has no sch_netem and the nft command is not installed (Debian "
+                "package nftables), so no packet loss can be made")
+        threshold = round(loss_percent * 100)  # of 10000: hundredths of a percent
+        self._impaired[host] = NFTABLES
+        for where, device in self._link_ends(host):
+            script = (f"table netdev {loss_table} {{\n"
+                      f"  chain ingress_{device.replace('-', '_')} {{\n"
+                      f"    type filter hook ingress device \"{device}\" priority 0;\n"
+                      "    counter\n"
+                      f"    numgen random mod 10000 < {threshold} counter drop\n"
+                      "  }\n}\n")
+            done = subprocess.run(self.exec_argv(where, [NFT, "-f", "-"]), input=script,
+                                  capture_output=True, text=True, timeout=command_timeout_s,
+                                  check=False)
+            if done.returncode != 0:
+                self.clear_impairment(host)
+                raise ImpairmentUnavailable(
+                    f"nft refused the loss rule on {device} in {where}: "
+                    f"{(done.stderr or done.stdout).strip()}")
+
+    def loss_counts(self, host: str) -> dict[str, tuple[int, int]]:
+        """Packets that arrived and packets dropped at each end of ``host``'s link while
+        nftables impairs it: ``{"to <host>": (seen, dropped), "from <host>": ...}``; empty
+        when no nftables loss is on (netem keeps no such count per rule)."""
+        if self._impaired.get(host) != NFTABLES:
+            return {}
+        counts: dict[str, tuple[int, int]] = {}
+        for (where, device), direction in zip(self._link_ends(host), ("to", "from"),
+                                              strict=True):
+            listed = self._in(where, [NFT, "-j", "list", "chain", "netdev", loss_table,
+                                      f"ingress_{device.replace('-', '_')}"])
+            packets = [int(expr["counter"]["packets"])
+                       for item in json.loads(listed.stdout).get("nftables", [])
+                       for expr in item.get("rule", {}).get("expr", [])
+                       if isinstance(expr, dict) and "counter" in expr]
+            if len(packets) != 2:
+                raise LabError(f"unexpected counters in {loss_table} on {device}: {packets}")
+            counts[f"{direction} {host}"] = (packets[0], packets[1])
+        return counts
+
+    def impairment(self, host: str) -> str | None:
+        """The mechanism impairing ``host``'s link (:data:`NETEM`, :data:`NFTABLES`), or None."""
+        self._known(host)
+        return self._impaired.get(host)
 
     def clear_impairment(self, host: str) -> None:
-        """Remove the netem rules :meth:`impair` put on ``host``'s link, if any."""
-        if host not in self._impaired:
+        """Remove what :meth:`impair` put on ``host``'s link, if anything."""
+        mechanism = self._impaired.pop(host, None)
+        if mechanism is None:
             return
-        self._impaired.discard(host)
-        for where, device in ((host, "eth0"), (self.hub, self.port_name(host))):
-            self._in(where, [TC, "qdisc", "del", "dev", device, "root"], check=False)
+        for where, device in self._link_ends(host):
+            if mechanism == NETEM:
+                self._in(where, [TC, "qdisc", "del", "dev", device, "root"], check=False)
+            else:
+                self._in(where, [NFT, "delete", "chain", "netdev", loss_table,
+                                 f"ingress_{device.replace('-', '_')}"], check=False)
 
     # ------------------------------------------------------------------ teardown
 
