@@ -120,7 +120,7 @@ async def _stop(worker: WorkerProcess) -> None:
 
 
 async def _scenario(lab: netns.Lab, server: netns.NamespacedPostgres, tmp_path: Path,
-                    name: str, fault: Callable[[], None], *, hold_under_fault_s: float | None
+                    name: str, fault: Callable[[], object], *, hold_under_fault_s: float | None
                     ) -> dict[str, Any]:
     """Run TASKS tasks on A, start B, apply ``fault`` to A's link, and see every task
     through. With ``hold_under_fault_s`` A's held calls go on that long after the fault
@@ -130,7 +130,7 @@ async def _scenario(lab: netns.Lab, server: netns.NamespacedPostgres, tmp_path: 
     figures: dict[str, Any] = {}
     violations: list[Violation] = []
     async with _database(server, name) as engine:
-        ids = [await engine.submit(host_agents.AGENT, {"n": n}, task_id=f"{name}-{n}")
+        ids: list[str] = [await engine.submit(host_agents.AGENT, {"n": n}, task_id=f"{name}-{n}")
                for n in range(TASKS)]
         a = _worker(lab, server, name, "a", HOST_A, tmp_path,
                     {host_agents.HOLD_FILE_ENV: str(hold)})
@@ -142,7 +142,7 @@ async def _scenario(lab: netns.Lab, server: netns.NamespacedPostgres, tmp_path: 
                              "host A inside every task's reservation", 60)
             heads = {task: await engine.head(task) for task in ids}
             assert {head.lease_owner for head in heads.values()} == {HOST_A}
-            a_epochs = {task: head.lease_epoch for task, head in heads.items()}
+            a_epochs: dict[str, int] = {task: head.lease_epoch for task, head in heads.items()}
             b = _worker(lab, server, name, "b", HOST_B, tmp_path)
             await b.ready()
             cut_at: dt.datetime = (await engine.database.fetchrow(
@@ -209,6 +209,10 @@ async def _scenario(lab: netns.Lab, server: netns.NamespacedPostgres, tmp_path: 
                                             detail=f"{state.status}: {state.output}"))
         figures["effects"] = totals(rows)
         figures["violations list"] = violations
+        figures["histories"] = "\n".join(
+            f"{record.task_id} seq {record.seq} epoch {record.epoch} {record.type} "
+            f"{record.recorded_at}" for records in snapshot.events.values()
+            for record in records) if violations else ""
         figures["a log"] = a.log_path
     return figures
 
@@ -287,8 +291,10 @@ def _finish(matrix_id: str, figures: dict[str, Any]) -> None:
     for direction, (seen, dropped) in figures.pop("loss counts", {}).items():
         figures[f"packets {direction} dropped"] = (
             f"{dropped}/{seen} ({100 * dropped / max(seen, 1):.0f}%)")
+    histories = figures.pop("histories")
     if violations:
         print(f"--- host A's log ({log_path}) ---\n{Path(log_path).read_text()[-6000:]}")
+        print(f"--- the tasks' events ---\n{histories}")
     report(matrix_id, violations, tasks=TASKS, effects=effects,
            **{key.replace(" ", "_"): value for key, value in figures.items()})
 
