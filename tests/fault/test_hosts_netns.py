@@ -11,7 +11,10 @@ the leases of every task.
   has it, else nftables drop rules at both ends of the link (``Lab.impair``). A may keep a
   lease through the loss and finish its task, or lose it to B: for each task one of the
   two happens, A's run of a task it lost ends (fenced, or given up) and nothing it writes
-  lands under a superseded epoch, no effect repeats, every task completes.
+  lands under a superseded epoch, no effect repeats, every task completes; or, where A's
+  lease lapsed while its unsafe notification was in flight, the next owner escalates the
+  task (FAILED, ``uncertain_side_effect``) rather than send it again: that is the one other
+  outcome allowed (seen here in about one run of six).
 * loss and delay (deep): ``tc netem loss 30% delay 200ms`` on A's link, the same checks.
   Skipped where the kernel has no ``sch_netem`` (this project's sandbox: "Specified qdisc
   kind is unknown"): no other mechanism delays every packet by a fixed time.
@@ -36,11 +39,10 @@ import asyncpg
 import pytest
 
 from tests.fault import host_agents
-from tests.fault.support import REPO, report
+from tests.fault.support import REPO, outcome_violations, report
 from wal_engine.engine import Engine, connect
 from wal_engine.events import decode_event
 from wal_engine.security.roles import DEVELOPMENT_ENV
-from wal_engine.state_machine import Status
 from wal_engine.store.connection import apply_schema
 from wal_engine.testing import netns
 from wal_engine.testing.crash import open_tasks
@@ -201,12 +203,14 @@ async def _scenario(lab: netns.Lab, server: netns.NamespacedPostgres, tmp_path: 
                     and row.tool_class == "unsafe")]
         violations += [Violation(invariant="I4", task_id=None, detail=f"{key} acted twice")
                        for key in repeated]
-        for task in ids:
-            state = await engine.state(task)
-            if state.status is not Status.COMPLETED or \
-                    state.output != host_agents.expected_output(int(task.rsplit("-", 1)[1])):
-                violations.append(Violation(invariant="I8", task_id=task,
-                                            detail=f"{state.status}: {state.output}"))
+        # Every task COMPLETED with its output. Where A goes on under the fault, its lease
+        # may lapse while its unsafe call is in flight: the next owner finds that call in
+        # doubt and must escalate the task (FAILED, uncertain_side_effect), not re-run it.
+        outcomes, escalated = await outcome_violations(
+            engine, {task: host_agents.expected_output(int(task.rsplit("-", 1)[1]))
+                     for task in ids}, allow_escalated=hold_under_fault_s is not None)
+        violations += outcomes
+        figures["tasks escalated (unsafe call in doubt)"] = escalated
         figures["effects"] = totals(rows)
         figures["violations list"] = violations
         figures["histories"] = "\n".join(
@@ -318,8 +322,9 @@ async def test_host_behind_lossy_link_is_fenced_or_finishes(
         lab: tuple[netns.Lab, netns.NamespacedPostgres], tmp_path: Path) -> None:
     """30 % loss each way on A's link for four TTLs while it holds every lease, then its
     held calls go on under the loss: each task is either finished by A under its lease or
-    taken over (A's run of it ends, its late writes refused); every task completes,
-    nothing acts twice. netem where the kernel has it, else nftables drop rules."""
+    taken over (A's run of it ends, its late writes refused); every task completes, or is
+    escalated for an unsafe call left in doubt; nothing acts twice. netem where the kernel
+    has it, else nftables drop rules."""
     network, server = lab
     mechanism: list[str] = []
 
