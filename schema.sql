@@ -32,6 +32,8 @@
 --                     (wal_count_task, a trigger on wal_tasks, keeps and checks it).
 -- wal_tenant_roles    login role -> tenant, written by the owner only (wal_engine.security.tenants):
 --                     the source of truth of row security for runtime roles.
+-- wal_schedules       cron and interval schedules: each tick submits one task (section
+--                     "schedules", at the end).
 -- wal_queues, wal_queue_changes  queues' limits and their audit (the "queues" section).
 --
 -- Tenancy
@@ -1281,7 +1283,7 @@ INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
 -- ============================================================ end of large values (version 3)
 
 -- ======================================================================= queues (issue 24)
--- Flow control (docs/architecture.md, decision 62). A task is submitted to a named queue
+-- Flow control (docs/architecture.md, decision 63). A task is submitted to a named queue
 -- ('default' unless given); the claim (wal_claim_tasks, above) enforces the queue's limits.
 -- wal_queues         one row per configured queue of a tenant: its global concurrency limit
 --                    (leased tasks across every worker and host) and per-worker limit, NULL
@@ -1493,3 +1495,75 @@ WITH pruned AS (DELETE FROM wal_workers
                 RETURNING 1)
 SELECT count(*)::integer FROM pruned
 $$;
+
+-- ============================================================ schedules (issue 24)
+-- wal_schedules: one row per schedule and tenant. What it submits (agent; input: the
+-- canonical JSON bytes, redacted as a task's input is), when (a cron expression read in
+-- time_zone, or every every_s seconds since 1970-01-01 UTC; exactly one), what a worker
+-- does with ticks that came while none ran (catch_up: skip, one or all, all at most
+-- catch_up_max at once), whether it is paused, and next_tick: the earliest tick not yet
+-- fired (NULL: the expression matches no later time). The tick arithmetic is
+-- wal_engine/runtime/ticks.py.
+--
+-- Exactly one task per tick: a worker fires a due schedule in one transaction on its own
+-- connection (wal_engine/runtime/schedules.py): it locks the row (FOR UPDATE SKIP LOCKED:
+-- other workers pass it by), inserts the tick's task with the id sched:<name>:<tick UTC>
+-- (the task's own primary key refuses a second one), and moves next_tick on. A worker
+-- that dies before its commit leaves neither the task nor the move; the next one fires
+-- the same tick. Migrations lock this table first (EXCLUSIVE, queries.LOCK_ENGINE_TABLES),
+-- the order a firing transaction takes its locks in.
+--
+-- Runtime roles: SELECT, INSERT, and UPDATE of every column but the tenant, the name and
+-- created_at (security.sql); a schedule is deleted by wal_delete_schedule only (no
+-- table-level DELETE, see "deletions with the owner's rights"). Row security is the
+-- log's: the tenant of the login role, else wal_trusted_tenant().
+CREATE TABLE IF NOT EXISTS wal_schedules (
+    tenant       text NOT NULL DEFAULT current_setting('wal.tenant'),
+    name         text NOT NULL CHECK (name ~ '^[A-Za-z0-9_.-]{1,100}$'),
+    agent        text NOT NULL CHECK (length(agent) BETWEEN 1 AND 200),
+    cron         text CHECK (length(cron) BETWEEN 1 AND 200),
+    every_s      bigint CHECK (every_s BETWEEN 1 AND 31622400),
+    time_zone    text NOT NULL DEFAULT 'UTC' CHECK (length(time_zone) BETWEEN 1 AND 100),
+    input        bytea NOT NULL,
+    catch_up     text NOT NULL CHECK (catch_up IN ('skip', 'one', 'all')),
+    catch_up_max integer NOT NULL CHECK (catch_up_max BETWEEN 1 AND 1000),
+    paused       boolean NOT NULL DEFAULT false,
+    next_tick    timestamptz,
+    last_tick    timestamptz,
+    last_task_id text,
+    last_error   text,
+    -- Ticks fired (a task submitted, or found already there): with exactly-once ticks,
+    -- the number of tasks whose ids name this schedule.
+    ticks_fired  bigint NOT NULL DEFAULT 0,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT wal_schedules_pkey PRIMARY KEY (tenant, name),
+    CONSTRAINT wal_schedules_one_kind CHECK ((cron IS NULL) <> (every_s IS NULL))
+);
+CREATE INDEX IF NOT EXISTS wal_schedules_due ON wal_schedules (tenant, next_tick)
+    WHERE NOT paused;
+ALTER TABLE wal_schedules ENABLE ROW LEVEL SECURITY;
+ALTER TABLE wal_schedules FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS wal_tenant_isolation ON wal_schedules;
+CREATE POLICY wal_tenant_isolation ON wal_schedules
+    USING (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())))
+    WITH CHECK (tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant())));
+
+-- Delete one of this tenant's schedules; whether it existed. Runs with the owner's rights
+-- (security.sql) so that runtime roles hold no table-level DELETE; row security keeps it
+-- to the caller's tenant. A worker firing the schedule holds its row: the delete waits
+-- for that tick's commit.
+CREATE OR REPLACE FUNCTION wal_delete_schedule(p_name text) RETURNS boolean
+LANGUAGE sql AS $$
+WITH deleted AS (DELETE FROM wal_schedules
+                  WHERE tenant = current_setting('wal.tenant', true) AND name = p_name
+                 RETURNING 1)
+SELECT count(*) > 0 FROM deleted
+$$;
+-- ======================================================== end of schedules (issue 24)

@@ -60,6 +60,10 @@
 --   wal_workers                       SELECT, INSERT; UPDATE of agents and seen_at: the
 --                                     advisory record of which agents workers serve; rows
 --                                     a week old are deleted by wal_prune_workers only.
+--   wal_schedules                     SELECT, INSERT; UPDATE of every column but the
+--                                     tenant, the name and created_at (a schedule's
+--                                     definition, pause flag and ticks: FOR UPDATE needs
+--                                     it); deleted by wal_delete_schedule only.
 --   row-level security                every table above but wal_transitions and
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
@@ -70,7 +74,8 @@
 --   functions                         EXECUTE on wal_claim_tasks, wal_break_leases,
 --                                     wal_send_signal, wal_cancel_task, wal_add_llm_spend,
 --                                     wal_save_snapshot, wal_delete_snapshots,
---                                     wal_release_key, wal_prune_workers (SECURITY DEFINER,
+--                                     wal_release_key, wal_prune_workers,
+--                                     wal_delete_schedule (SECURITY DEFINER,
 --                                     owned by the owner role, search_path fixed to this
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
@@ -178,6 +183,11 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE (agents, seen_at) ON wal_workers TO %I',
                    app_role);
 
+    -- Schedules (issue 24): no table-level UPDATE or DELETE (LOCK TABLE, see the map).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE (agent, cron, every_s, time_zone, input, '
+                   'catch_up, catch_up_max, paused, next_tick, last_tick, last_task_id, '
+                   'last_error, ticks_fired, updated_at) ON wal_schedules TO %I', app_role);
+
     -- Functions: the lease-changing ones run with the owner's rights and a fixed path ---------
     FOR item IN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
@@ -185,7 +195,7 @@ BEGIN
            AND p.proname IN ('wal_claim_tasks', 'wal_break_leases', 'wal_send_signal',
                              'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend',
                              'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key',
-                             'wal_prune_workers',
+                             'wal_prune_workers', 'wal_delete_schedule',
                              'wal_count_blob_bytes')
          ORDER BY 1
     LOOP

@@ -36,6 +36,22 @@ from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
 from wal_engine.runtime.ports import RunServices
 from wal_engine.runtime.registry import runnable_versions
 from wal_engine.runtime.resume import SnapshotPolicy
+from wal_engine.runtime.schedules import (
+    ScheduleInfo,
+    add_schedule,
+    delete_schedule,
+    encode_input,
+    list_schedules,
+    pause_schedule,
+    read_schedule,
+    resume_schedule,
+)
+from wal_engine.runtime.ticks import (
+    CatchUp,
+    catch_up_default,
+    catch_up_max_default,
+    validate_spec,
+)
 from wal_engine.runtime.worker import Worker, WorkerConfig
 from wal_engine.security.redaction import (
     Redactor,
@@ -276,18 +292,24 @@ class Engine:
         """
         where = placement(queue, priority, partition_key, dedup_id)
         definition = self.agents.get(agent)
-        plain_input = input
-        if definition is not None and definition.input_type is not None:
-            try:
-                typed = msgspec.convert(input, definition.input_type)
-            except msgspec.ValidationError as error:
-                raise InvalidInput(f"input for agent {agent!r} is invalid: {error}") from error
-            plain_input = msgspec.to_builtins(typed)
+        plain_input = self._plain_input(agent, input)
         chosen = new_task_id() if task_id is None else validate_task_id(task_id)
         await self.store.create_task(
             chosen, agent, input=plain_input, budget=budget,
             agent_version=None if definition is None else definition.version, placement=where)
         return chosen
+
+    def _plain_input(self, agent: str, input: Any) -> Any:
+        """``input`` checked against ``agent``'s input type when this engine registered it,
+        as plain JSON values (:class:`InvalidInput` otherwise)."""
+        definition = self.agents.get(agent)
+        if definition is None or definition.input_type is None:
+            return input
+        try:
+            typed = msgspec.convert(input, definition.input_type)
+        except msgspec.ValidationError as error:
+            raise InvalidInput(f"input for agent {agent!r} is invalid: {error}") from error
+        return msgspec.to_builtins(typed)
 
     # ------------------------------------------------------------------ queues
 
@@ -484,6 +506,72 @@ class Engine:
         except TimeoutError as error:
             raise WaitTimedOut(f"task {task_id!r} to finish", timeout_s) from error
         return await self.state(task_id)
+
+    # ------------------------------------------------------------------ schedules
+
+    async def schedule(self, name: str, agent: str, *, cron: str | None = None,
+                       every_s: int | None = None, input: Any = None, tz: str | None = None,
+                       catch_up: CatchUp = catch_up_default,
+                       catch_up_max: int = catch_up_max_default,
+                       replace: bool = False) -> ScheduleInfo:
+        """Submit a task for ``agent`` at every tick of a schedule, exactly once per tick
+        however many workers run (their loops fire the ticks; ``docs/schedules.md``).
+
+        Args:
+            name: The schedule's name: 1..100 letters, digits, ``_ . -``. Each tick's task
+                id is ``sched:<name>:<tick in UTC, e.g. 20250301T020000Z>``.
+            agent: The agent each task runs. When this engine registered it, ``input`` is
+                checked against its input type now.
+            cron: A cron expression (five fields, or six with leading seconds; or
+                ``@daily`` and the like) read in ``tz``. Give exactly one of ``cron`` and
+                ``every_s``.
+            every_s: Tick every this many seconds (1 s to 366 days), at the whole multiples
+                of it since 1970-01-01 UTC.
+            input: Each task's input (plain JSON; redacted and stored once, here).
+            tz: An IANA time zone for ``cron`` (default UTC). DST follows Debian cron: a
+                fixed time the spring-forward skips runs at the first minute after the gap,
+                one the fall-back repeats runs once.
+            catch_up: Ticks that came while no worker ran: ``"skip"`` fires none of them
+                (only on-time ticks), ``"one"`` one task for the latest, ``"all"`` one per
+                tick, the latest ``catch_up_max`` of them (a warning names what was
+                dropped).
+            catch_up_max: 1..1,000.
+            replace: Rewrite an existing schedule of this name with another definition
+                (otherwise :class:`~wal_engine.errors.ScheduleExists`); the same
+                definition again is always a no-op.
+
+        Raises:
+            InvalidSchedule: A bad name, agent, cron expression, time zone, interval or
+                catch-up option; nothing is written.
+            InvalidInput: The input does not fit the agent's type or cannot be stored.
+        """
+        spec = validate_spec(name, agent, cron=cron, every_s=every_s, tz=tz,
+                             catch_up=catch_up, catch_up_max=catch_up_max)
+        stored = encode_input(spec, self._plain_input(agent, input), redactor=self.redactor,
+                              payload_bytes_max=self.store.payload_bytes_max)
+        return await add_schedule(self.database, spec, stored, replace=replace)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """This tenant's schedules, by name (at most 10,000)."""
+        return await list_schedules(self.database)
+
+    async def schedule_info(self, name: str) -> ScheduleInfo:
+        """One schedule (:class:`~wal_engine.errors.UnknownSchedule` if there is none)."""
+        return await read_schedule(self.database, name)
+
+    async def pause_schedule(self, name: str) -> ScheduleInfo:
+        """Stop firing a schedule until :meth:`resume_schedule` (idempotent)."""
+        return await pause_schedule(self.database, name)
+
+    async def resume_schedule(self, name: str) -> ScheduleInfo:
+        """Fire a paused schedule again from its next tick after now (the ticks of the
+        pause are never fired); a schedule that is not paused is left as it is."""
+        return await resume_schedule(self.database, name)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule (its tasks stay); :class:`~wal_engine.errors.UnknownSchedule`
+        if there is none."""
+        await delete_schedule(self.database, name)
 
     # ------------------------------------------------------------------ workers
 

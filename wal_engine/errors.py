@@ -60,6 +60,26 @@ class ConnectionLost(DatabaseUnavailable):
         self.sent = sent
 
 
+class ReplicaUnavailable(DatabaseUnavailable):
+    """The read replica named for an audit (``--replica``) cannot be reached."""
+
+    def __init__(self, dsn_redacted: str, reason: str) -> None:
+        WalError.__init__(self, f"replica unreachable at {dsn_redacted}: {reason}")
+        self.dsn_redacted = dsn_redacted
+        self.reason = reason
+
+
+class NotAStandby(ConfigurationError):
+    """The DSN given as a read replica is a primary (``pg_is_in_recovery()`` is false):
+    reading from it would not spare the primary, and "how far behind" means nothing."""
+
+    def __init__(self, dsn_redacted: str) -> None:
+        super().__init__(f"{dsn_redacted} is not a standby (pg_is_in_recovery() is false): "
+                         "--replica must name a streaming replica; to read the primary, "
+                         "use --dsn")
+        self.dsn_redacted = dsn_redacted
+
+
 class SchemaMismatch(WalError):
     """The database has no wal-engine schema, or one of another version."""
 
@@ -131,6 +151,22 @@ class PayloadTooLarge(InvalidPayload):
         self.limit_bytes = limit_bytes
 
 
+class InvalidSchedule(InvalidInput):
+    """A schedule refused at the call that defined it (a cron expression, time zone,
+    interval, catch-up policy or name the engine cannot use); nothing was written."""
+
+    def __init__(self, schedule: object, field: str, reason: str) -> None:
+        shown = repr(schedule)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid schedule {shown}: {field}: {reason}")
+        self.schedule = schedule
+        self.field = field
+        """Which argument: ``name``, ``agent``, ``cron``, ``every_s``, ``tz``,
+        ``catch_up``, ``catch_up_max`` or ``input``."""
+        self.reason = reason
+
+
 # ---------------------------------------------------------------------------------------
 # Operating errors of the log.
 
@@ -171,6 +207,24 @@ class DuplicateDedupId(WalError):
         self.queue = queue
         self.dedup_id = dedup_id
         self.existing_task_id = existing_task_id
+
+
+class UnknownSchedule(WalError):
+    """No schedule of this name exists (in this engine's tenant)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown schedule {name!r}")
+        self.name = name
+
+
+class ScheduleExists(WalError):
+    """A schedule of this name exists with another definition (pass ``replace=True`` to
+    change it); nothing was written."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"schedule {name!r} already exists with another definition "
+                         "(replace=True, or `schedule add --replace`, changes it)")
+        self.name = name
 
 
 class TaskQuotaExceeded(WalError):

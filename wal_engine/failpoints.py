@@ -29,6 +29,12 @@ POINTS: Final = (
     "at_checkpoint",
     "during_heartbeat",
 )
+"""The points of a task run (the crash tests arm each of them in turn)."""
+
+OUTSIDE_RUNS: Final = (
+    "schedule_tick_before_commit",
+)
+"""Points outside any task run: a schedule's tick written, not yet committed."""
 
 
 class SimulatedCrash(BaseException):
@@ -46,8 +52,9 @@ fired: list[str] = []
 
 def arm(name: str, nth: int = 1, action: str = "raise") -> None:
     """Arm ``name`` to fire on its ``nth`` pass with ``action`` (``raise`` or ``sigkill``)."""
-    if name not in POINTS:
-        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+    if name not in POINTS + OUTSIDE_RUNS:
+        raise ValueError(f"unknown failpoint {name!r}; known: "
+                         f"{', '.join(POINTS + OUTSIDE_RUNS)}")
     if action not in ("raise", "sigkill"):
         raise ValueError(f"unknown failpoint action {action!r}")
     _armed[name] = (nth, action)

@@ -20,18 +20,28 @@ TOOLS: Final = {"fake-llm": "llm", "reserve": "idem", "book": "db", "charge": "l
 
 def register(engine: Engine) -> None:
     """Register the ``ledgered`` agent: LLM, T-idem, T-db, T-lookup, T-unsafe, sleep, signal."""
+    # The fakes keep their counts in the database the faults restart: a fake's own pooled
+    # connections die with it and fail one delivery each. A run now goes on in place after
+    # a lost connection (no lease expiry in between), so the backoff, not the lease TTL,
+    # must span a restart: up to ~3 s over 8 attempts. The LLM call too: with the default
+    # policy (3 attempts, ~1.5 s) a restart slowed by a loaded machine failed a D1 task.
+    _register(engine, RetryPolicy(max_attempts=8, initial_delay_s=0.05, max_delay_s=1.0))
+
+
+def register_failover(engine: Engine) -> None:
+    """The ``ledgered`` agent for a database that fails over to a standby: the fakes keep
+    their counts on the cluster, so their calls fail for as long as no node accepts writes
+    (about the leader key's TTL, 10 s, when a leader is lost). Their backoff spans ~40 s."""
+    _register(engine, RetryPolicy(max_attempts=45, initial_delay_s=0.1, max_delay_s=1.0))
+
+
+def _register(engine: Engine, quick: RetryPolicy) -> None:
     ledger = EffectLedger.for_engine(engine)
     llm = ledger.llm("fake-llm")
     reserve = ledger.service("reserve", kind="idem", result=lambda a: {"reserved": a["n"]})
     book = ledger.transaction("book", result=lambda a: {"booked": a["n"]})
     charge = ledger.service("charge", kind="lookup", result=lambda a: {"charged": a["n"] * 10})
     notify = ledger.service("notify", kind="unsafe", result=lambda a: {"sent": a["n"]})
-    # The fakes keep their counts in the database the faults restart: a fake's own pooled
-    # connections die with it and fail one delivery each. A run now goes on in place after
-    # a lost connection (no lease expiry in between), so the backoff, not the lease TTL,
-    # must span a restart: up to ~3 s over 8 attempts. The LLM call too: with the default
-    # policy (3 attempts, ~1.5 s) a restart slowed by a loaded machine failed a D1 task.
-    quick = RetryPolicy(max_attempts=8, initial_delay_s=0.05, max_delay_s=1.0)
 
     @engine.agent(AGENT)
     async def ledgered(ctx: AgentContext, task_input: Any) -> Any:

@@ -194,6 +194,15 @@ SIGNATURES = {
         " = <Unchanged.UNCHANGED: 'unchanged'>, requested_by: 'str | None' = None) -> "
         "'QueueSettings'"
     ),
+    'Engine.schedule': (
+        "(self, name: 'str', agent: 'str', *, cron: 'str | None' = None, every_s: 'int | "
+        "None' = None, input: 'Any' = None, tz: 'str | None' = None, catch_up: 'CatchUp' = "
+        "'one', catch_up_max: 'int' = 100, replace: 'bool' = False) -> 'ScheduleInfo'"),
+    'Engine.schedule_info': "(self, name: 'str') -> 'ScheduleInfo'",
+    'Engine.schedules': "(self) -> 'list[ScheduleInfo]'",
+    'Engine.pause_schedule': "(self, name: 'str') -> 'ScheduleInfo'",
+    'Engine.resume_schedule': "(self, name: 'str') -> 'ScheduleInfo'",
+    'Engine.delete_schedule': "(self, name: 'str') -> 'None'",
     'Engine.signal': (
         "(self, task_id: 'str', name: 'str', payload: 'Any' = None, *, dedup_key: 'str | "
         "None' = None) -> 'int'"

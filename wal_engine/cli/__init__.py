@@ -5,8 +5,9 @@ server), and those that open an engine take ``--development`` (the security self
 then lets a superuser through); ``wal-engine --tenant T <command>`` works on tenant T's
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
 ``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
-provisions tenants' login roles on an administrator's DSN. ``queues`` shows each queue's
-depth, running tasks, limits and oldest wait; ``queue set NAME --concurrency N
+provisions tenants' login roles on an administrator's DSN. ``schedule
+add|list|pause|resume|delete`` manages cron and interval schedules. ``queues`` shows each
+queue's depth, running tasks, limits and oldest wait; ``queue set NAME --concurrency N
 --worker-concurrency M`` creates a queue or changes its limits (audited: ``queue history``).
 ``bench`` hands its arguments to the benchmark suite (``python -m benchmarks``). Errors are
 one line on standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
@@ -26,6 +27,7 @@ from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
 from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
 from wal_engine.cli.queues import queue, queues
+from wal_engine.cli.schedule import schedule
 from wal_engine.cli.setup import setup
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
 from wal_engine.cli.tenant import tenant
@@ -43,7 +45,7 @@ def main(tenant: str | None) -> None:
 
 for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
-                gateway, embedded, pending, reconcile, timer, queues, queue):
+                gateway, embedded, pending, reconcile, timer, schedule, queues, queue):
     main.add_command(command)
 
 __all__ = ["main"]

@@ -1,5 +1,7 @@
 """Reading commands: ``tasks``, ``history``, ``show``, ``verify`` (``--anchor``: see
-:mod:`wal_engine.cli.anchoring`). None of them writes."""
+:mod:`wal_engine.cli.anchoring`). None of them writes; each reads a streaming standby
+instead of the primary with ``--replica DSN`` (:func:`wal_engine.cli.common.open_reader`),
+and then first says how far behind it is."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from wal_engine.cli.common import (
     dsn_option,
     emit,
     json_option,
-    open_engine,
+    open_reader,
     progress,
+    replica_option,
     run,
     short_hash,
 )
@@ -58,21 +61,23 @@ by_version_rows_max: Final = 10_000
               help="Count tasks by agent, agent version and status instead (what still "
                    "runs on each version during a deploy).")
 @dsn_option
+@replica_option
 @development_option
 @json_option
 def tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
-          by_version: bool, dsn: str | None, as_json: bool) -> None:
+          by_version: bool, dsn: str | None, replica: str | None, as_json: bool) -> None:
     """List tasks (ordered by id), optionally filtered by status and agent."""
     if by_version:
-        run(_tasks_by_version(dsn, as_json), dsn=dsn)
+        run(_tasks_by_version(dsn, replica, as_json), dsn=replica or dsn)
         return
-    run(_tasks(status, agent, limit, after_task_id, dsn, as_json), dsn=dsn)
+    run(_tasks(status, agent, limit, after_task_id, dsn, replica, as_json),
+        dsn=replica or dsn)
 
 
-async def _tasks_by_version(dsn: str | None, as_json: bool) -> None:
+async def _tasks_by_version(dsn: str | None, replica: str | None, as_json: bool) -> None:
     from wal_engine.store import queries
 
-    async with open_engine(dsn) as engine:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         rows = await engine.database.fetch(queries.TASKS_BY_VERSION, by_version_rows_max,
                                            [status.value for status in Status])
     if as_json:
@@ -90,8 +95,8 @@ async def _tasks_by_version(dsn: str | None, as_json: bool) -> None:
 
 
 async def _tasks(status: str | None, agent: str | None, limit: int, after_task_id: str,
-                 dsn: str | None, as_json: bool) -> None:
-    async with open_engine(dsn) as engine:
+                 dsn: str | None, replica: str | None, as_json: bool) -> None:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         heads = await engine.store.list_tasks(
             status=None if status is None else status.upper(), agent=agent,
             after_task_id=after_task_id, limit=limit)
@@ -118,17 +123,18 @@ async def _tasks(status: str | None, agent: str | None, limit: int, after_task_i
               help="First seq shown.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq shown.")
 @dsn_option
+@replica_option
 @development_option
 @json_option
 def history(task_id: str, from_seq: int, to_seq: int | None, dsn: str | None,
-            as_json: bool) -> None:
+            replica: str | None, as_json: bool) -> None:
     """Print a task's events in seq order (streamed page by page)."""
-    run(_history(task_id, from_seq, to_seq, dsn, as_json), dsn=dsn)
+    run(_history(task_id, from_seq, to_seq, dsn, replica, as_json), dsn=replica or dsn)
 
 
 async def _history(task_id: str, from_seq: int, to_seq: int | None, dsn: str | None,
-                   as_json: bool) -> None:
-    async with open_engine(dsn) as engine:
+                   replica: str | None, as_json: bool) -> None:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         head = await engine.store.read_head(task_id)
         last = head.head_seq if to_seq is None else min(to_seq, head.head_seq)
         out = console()
@@ -164,15 +170,16 @@ def _history_table(records: list[Any], *, show_header: bool) -> Table:
 @click.command()
 @click.argument("task_id", metavar="TASK")
 @dsn_option
+@replica_option
 @development_option
 @json_option
-def show(task_id: str, dsn: str | None, as_json: bool) -> None:
+def show(task_id: str, dsn: str | None, replica: str | None, as_json: bool) -> None:
     """Show a task's folded state: messages, step, pending calls, usage, what it waits on."""
-    run(_show(task_id, dsn, as_json), dsn=dsn)
+    run(_show(task_id, dsn, replica, as_json), dsn=replica or dsn)
 
 
-async def _show(task_id: str, dsn: str | None, as_json: bool) -> None:
-    async with open_engine(dsn) as engine:
+async def _show(task_id: str, dsn: str | None, replica: str | None, as_json: bool) -> None:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         head = await engine.head(task_id)
         state = await engine.state(task_id)
     view = state_json(state, head)
@@ -266,10 +273,12 @@ def _plain(value: Any) -> str:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="With --anchor: the anchor must be signed by this Ed25519 public key.")
 @dsn_option
+@replica_option
 @development_option
 @json_option
 def verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
-           public_key_path: Path | None, dsn: str | None, as_json: bool) -> None:
+           public_key_path: Path | None, dsn: str | None, replica: str | None,
+           as_json: bool) -> None:
     """Verify hash chains, contiguous seqs and legal transitions; exit 1 on the first bad seq
     (or, with --anchor, on anything the anchor saw that the database no longer holds)."""
     if task_id is not None and all_tasks:
@@ -278,18 +287,20 @@ def verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
         raise click.UsageError("name a TASK, pass --all, or pass --anchor FILE")
     if public_key_path is not None and anchor_path is None:
         raise click.UsageError("--public-key needs --anchor FILE")
-    ok = run(_verify(task_id, all_tasks, anchor_path, public_key_path, dsn, as_json), dsn=dsn)
+    ok = run(_verify(task_id, all_tasks, anchor_path, public_key_path, dsn, replica, as_json),
+             dsn=replica or dsn)
     if not ok:
         raise SystemExit(EXIT_FINDING)
 
 
 async def _verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
-                  public_key_path: Path | None, dsn: str | None, as_json: bool) -> bool:
+                  public_key_path: Path | None, dsn: str | None, replica: str | None,
+                  as_json: bool) -> bool:
     # The anchor and the key are read first: a bad file is reported before connecting.
     anchor = None if anchor_path is None else read_anchor_file(anchor_path)
     public_key = None if public_key_path is None else read_key(load_public_key,
                                                                public_key_path, "--public-key")
-    async with open_engine(dsn) as engine:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         ok = True
         if anchor is not None and anchor_path is not None:
             chains_named = task_id is not None or all_tasks

@@ -42,6 +42,7 @@ from wal_engine.errors import (
     DatabaseUnavailable,
     InvalidDsn,
     InvalidInput,
+    ReplicaUnavailable,
     SchemaMismatch,
     WalError,
 )
@@ -321,6 +322,55 @@ async def open_engine(dsn: str | None, *, write: bool = False,
         yield engine
     finally:
         await engine.close()
+
+
+@asynccontextmanager
+async def open_reader(dsn: str | None, replica: str | None, *,
+                      as_json: bool) -> AsyncIterator[Engine]:
+    """An engine for a reading command: on ``dsn`` (:func:`open_engine`), or with
+    ``--replica`` on that standby, every transaction read-only. The standby's status (how
+    far behind it is, compared with ``dsn`` when given) is printed first, or emitted as a
+    ``{"replica": ...}`` line with ``--json``.
+
+    Raises:
+        ReplicaUnavailable: The standby cannot be reached.
+        NotAStandby: ``replica`` names a server that is not in recovery.
+    """
+    if replica is None:
+        async with open_engine(dsn) as engine:
+            yield engine
+        return
+    from wal_engine.engine import connect
+    from wal_engine.store.replica import replica_status
+
+    try:
+        engine = await connect(read_only_dsn(replica), migrate=False,
+                               require_synchronous_commit=False,
+                               pool_size_max=cli_pool_size_max,
+                               development=development_requested(), tenant=current_tenant())
+    except ReplicaUnavailable:
+        raise
+    except DatabaseUnavailable as error:
+        raise ReplicaUnavailable(redact_dsn(replica), error.reason) from error
+    try:
+        status = await replica_status(engine.database, replica, dsn)
+        if as_json:
+            emit({"replica": status.as_json()})
+        else:
+            console().print(status.summary(), markup=False)
+        yield engine
+    finally:
+        await engine.close()
+
+
+def replica_option(function: F) -> F:
+    """``--replica DSN``: read from that streaming standby instead of the primary."""
+    return click.option(
+        "--replica", default=None, metavar="DSN",
+        help="Read from this streaming standby instead of the primary, read-only; the "
+             "output first says how far behind it is (in bytes of WAL when the primary, "
+             f"--dsn or {DSN_ENV}, is reachable too).",
+    )(function)
 
 
 def read_only_dsn(dsn: str) -> str:

@@ -30,8 +30,10 @@ from wal_engine.cli.common import (
     install_agents,
     json_option,
     open_engine,
+    open_reader,
     progress,
     read_only_dsn,
+    replica_option,
     run,
 )
 from wal_engine.errors import ConfigurationError, SchemaMismatch
@@ -279,12 +281,14 @@ def _check_html_path(_context: click.Context, _parameter: click.Parameter,
 @click.option("--from", "from_seq", type=click.IntRange(1), default=1, help="First seq drawn.")
 @click.option("--to", "to_seq", type=click.IntRange(1), default=None, help="Last seq drawn.")
 @dsn_option
+@replica_option
 @development_option
 @json_option
 def timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
-             dsn: str | None, as_json: bool) -> None:
+             dsn: str | None, replica: str | None, as_json: bool) -> None:
     """Write TASK's life as a self-contained HTML timeline (click an event for its payload)."""
-    events = run(_timeline(task_id, html_path, from_seq, to_seq, dsn), dsn=dsn)
+    events = run(_timeline(task_id, html_path, from_seq, to_seq, dsn, replica, as_json),
+                 dsn=replica or dsn)
     if as_json:
         emit({"task_id": task_id, "file": str(html_path), "events": events})
     else:
@@ -292,10 +296,10 @@ def timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
 
 
 async def _timeline(task_id: str, html_path: Path, from_seq: int, to_seq: int | None,
-                    dsn: str | None) -> int:
+                    dsn: str | None, replica: str | None, as_json: bool) -> int:
     from wal_engine.audit.timeline import write_timeline
 
-    async with open_engine(dsn) as engine:
+    async with open_reader(dsn, replica, as_json=as_json) as engine:
         return await write_timeline(engine.store, task_id, html_path, from_seq=from_seq,
                                     to_seq=to_seq)
 

@@ -16,7 +16,9 @@ keeper on a thread of its own (:mod:`wal_engine.runtime.leases`):
   With the metrics extra installed, the sweep also reads the tenant's live tasks by agent
   and version (one grouped statement, at most every ``live_tasks_refresh_sweeps`` sweep
   intervals) into the ``wal_engine_live_tasks`` gauge;
-* listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff.
+* listen: LISTEN ``wal_engine_wake`` on its own connection, reconnecting with backoff;
+* schedules: fires the tenant's due schedules on its own connection, one task per tick
+  (:mod:`wal_engine.runtime.schedules`), sleeping until the next tick (at most ``poll_ms``).
 
 SIGTERM (or :meth:`Worker.stop`) stops claiming, lets every running task reach its next
 durable point, hands it back (RESUMING), and returns. Past ``drain_timeout_s`` the runs are
@@ -60,6 +62,7 @@ from wal_engine.runtime.registry import (
     runnable_versions,
 )
 from wal_engine.runtime.run import TaskRun
+from wal_engine.runtime.schedules import ScheduleTicker
 from wal_engine.state_machine import TERMINAL, Status
 from wal_engine.store import queries
 from wal_engine.store.connection import (
@@ -242,6 +245,9 @@ class Worker:
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._listen_loop(), name="listen"),
             asyncio.create_task(self._register_loop(), name="register"),
+            asyncio.create_task(self._with_connection("schedules", None, ScheduleTicker(
+                self.services.store, idle_s=self.config.poll_ms / 1000, log=self.log).step),
+                name="schedules"),
         ]
         self.log.info("worker_started", concurrency=self.config.concurrency)
         try:
@@ -254,7 +260,11 @@ class Worker:
             self._closing = True
             for run in self.runs.values():
                 run.stop_forced = True
-            await _cancel_until_done([*loops, *self._run_tasks])
+            runs = list(self._run_tasks)
+            for task in runs:
+                task.cancel()
+            await _cancel_until_done(loops)
+            await asyncio.gather(*runs, return_exceptions=True)
             await asyncio.to_thread(self.keeper.stop)
             # A run keeps its task while its sync call's thread runs, even through a
             # drain; one still running here belongs to a run cancelled twice (a forced
@@ -295,7 +305,11 @@ class Worker:
             run.request_suspend()
         _, pending = await asyncio.wait(set(self._run_tasks),
                                            timeout=self.config.drain_timeout_s)
-        await _cancel_until_done(pending)
+        # Cancelled once: a run waiting on its sync call's thread goes on waiting (a second
+        # cancellation is a forced stop, which leaves the task to lease expiry).
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     # ------------------------------------------------------------------ claims
 
@@ -483,10 +497,11 @@ class Worker:
 
 
 async def _cancel_until_done(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait until each has ended, cancelling again those still running
-    after a while: a cancellation can be lost (Python 3.11's ``wait_for`` drops one that
-    arrives as its inner await completes), and a loop that lost it would run on forever
-    (a worker's stop then never returned)."""
+    """Cancel the background loops ``tasks`` and wait until each has ended, cancelling again
+    those still running after a while: a cancellation can be lost (Python 3.11's ``wait_for``
+    drops one that arrives as its inner await completes), and a loop that lost it would run
+    on forever (a worker's stop then never returned). Not for runs: a run cancelled twice is
+    stopped by force."""
     pending = set(tasks)
     rounds = 0
     while pending:

@@ -31,7 +31,17 @@ SCHEMA_CHECKSUM: Final = "SELECT checksum FROM wal_schema_version WHERE version 
 
 RECORD_SCHEMA_CHECKSUM: Final = "UPDATE wal_schema_version SET checksum = $2 WHERE version = $1"
 
+# Schedules first, and EXCLUSIVE (which a firing worker's FOR UPDATE waits for): a firing
+# transaction locks its schedule's row before it inserts into wal_tasks, so a migration
+# taking wal_tasks first and then the schedules' table could deadlock with it.
 LOCK_ENGINE_TABLES: Final = """
+DO $lock$
+BEGIN
+    IF to_regclass('wal_schedules') IS NOT NULL THEN
+        LOCK TABLE wal_schedules IN EXCLUSIVE MODE;
+    END IF;
+END
+$lock$;
 LOCK TABLE wal_tasks, wal_events, wal_snapshots, wal_idempotency, wal_signals
     IN SHARE ROW EXCLUSIVE MODE
 """

@@ -235,6 +235,42 @@ class Store:
         :class:`DuplicateDedupId`, and neither writes anything.
         """
         where = placement or Placement()
+        try:
+            created, payload = await self._insert_task(
+                task_id, agent, input=input, budget=budget, parent_task_id=parent_task_id,
+                parent_seq=parent_seq, agent_version=agent_version, placement=where,
+                connection=None)
+        except DuplicateRow as error:
+            if error.constraint != DEDUP_INDEX or where.dedup_id is None:
+                raise
+            holder = await dedup_holder(self.database, where.queue, where.dedup_id)
+            raise DuplicateDedupId(where.queue, where.dedup_id, holder) from error
+        if created:
+            return await self.read_head(task_id), True
+        first = await self.read_events(task_id, from_seq=1, to_seq=1)
+        if not first or first[0].payload != payload:
+            raise TaskAlreadyExists(task_id)
+        return await self.read_head(task_id), False
+
+    async def insert_task(self, task_id: str, agent: str, *, input: Any = None,
+                          connection: asyncpg.Connection) -> bool:
+        """Create a QUEUED task as :meth:`create_task` does, inside the caller's transaction
+        on ``connection``; whether it was created (False: a task of that id exists,
+        whatever it holds). Schedules fire their ticks with it."""
+        created, _ = await self._insert_task(task_id, agent, input=input, budget=None,
+                                             parent_task_id=None, parent_seq=None,
+                                             agent_version=None, placement=Placement(),
+                                             connection=connection)
+        return created
+
+    async def _insert_task(
+        self, task_id: str, agent: str, *, input: Any, budget: vocabulary.Budget | None,
+        parent_task_id: str | None, parent_seq: int | None, agent_version: str | None,
+        placement: Placement, connection: asyncpg.Connection | None,
+    ) -> tuple[bool, bytes]:
+        """Write a task's row and its ``task_submitted`` event unless the id is taken:
+        whether it was, and the event's payload. Raises :class:`UnknownQueue` for a queue
+        that is not configured (nothing written)."""
         task_id = validate_task_id(task_id)
         if not agent or len(agent) > limits.name_length_max:
             raise InvalidInput(f"agent name must be 1..{limits.name_length_max} characters")
@@ -258,30 +294,20 @@ class Store:
         ).decode()
         args: tuple[Any, ...] = (task_id, agent, kind, version, stored, digest, budget_json,
                                  parent_task_id, parent_seq, GENESIS_HASH, agent_version,
-                                 recorded_at, where.queue, where.priority, where.partition_key,
-                                 where.dedup_id)
-        try:
-            if chunks:
-                pending = Chunks()
-                pending.add(chunks)
-                row = await self.database.fetchrow(queries.CREATE_TASK_BLOBS, *args,
-                                                   *pending.args(), task_id=task_id)
-            else:
-                row = await self.database.fetchrow(queries.CREATE_TASK, *args, task_id=task_id)
-        except DuplicateRow as error:
-            if error.constraint != DEDUP_INDEX or where.dedup_id is None:
-                raise
-            holder = await dedup_holder(self.database, where.queue, where.dedup_id)
-            raise DuplicateDedupId(where.queue, where.dedup_id, holder) from error
-        assert row is not None
-        if not row["queue_known"]:
-            raise UnknownQueue(where.queue)
-        if row["created"]:
-            return await self.read_head(task_id), True
-        first = await self.read_events(task_id, from_seq=1, to_seq=1)
-        if not first or first[0].payload != payload:
-            raise TaskAlreadyExists(task_id)
-        return await self.read_head(task_id), False
+                                 recorded_at, placement.queue, placement.priority,
+                                 placement.partition_key, placement.dedup_id)
+        if chunks:
+            pending = Chunks()
+            pending.add(chunks)
+            rows = await self.database.fetch(queries.CREATE_TASK_BLOBS, *args,
+                                             *pending.args(), task_id=task_id,
+                                             connection=connection)
+        else:
+            rows = await self.database.fetch(queries.CREATE_TASK, *args, task_id=task_id,
+                                             connection=connection)
+        if not rows[0]["queue_known"]:
+            raise UnknownQueue(placement.queue)
+        return bool(rows[0]["created"]), payload
 
     async def read_head(self, task_id: str) -> TaskHead:
         """The task's head row; raises :class:`UnknownTask`."""
