@@ -236,8 +236,19 @@ async def test_upgrade_from_a_database_without_queues(pg_server: Any, database_f
             DROP FUNCTION wal_set_queue;
             ALTER TABLE wal_tasks DROP COLUMN queue, DROP COLUMN priority,
                 DROP COLUMN partition_key, DROP COLUMN dedup_id;
+            DROP FUNCTION wal_claim_tasks(text, integer, bigint, text[], text[], text[],
+                                          integer[]);
+            CREATE FUNCTION wal_claim_tasks(p_worker text, p_limit integer,
+                    p_lease_ttl_ms bigint, p_agents text[] DEFAULT NULL,
+                    p_versions text[] DEFAULT NULL)
+                RETURNS TABLE (task_id text) LANGUAGE sql AS 'SELECT NULL::text';
             UPDATE wal_schema_version SET checksum = NULL""")
         assert await apply_schema(connection)
+        # The version-3 claim (five parameters) is replaced, not left beside the new one.
+        assert await connection.fetchval(
+            "SELECT array_agg(oid::regprocedure::text) FROM pg_proc"
+            " WHERE proname = 'wal_claim_tasks'") == [
+            "wal_claim_tasks(text,integer,bigint,text[],text[],text[],integer[])"]
         columns = await connection.fetchval(
             "SELECT count(*) FROM information_schema.columns WHERE table_name = 'wal_tasks'"
             " AND column_name IN ('queue', 'priority', 'partition_key', 'dedup_id')")
