@@ -328,3 +328,18 @@ async def test_tenant_roles_see_and_change_only_their_own_queues(tenant_roles: A
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_fork_waits_in_its_parents_queue(engine: Engine) -> None:
+    """A fork of a task is placed in its parent's queue at its parent's priority (not under
+    its partition key nor its dedup id)."""
+    await engine.set_queue("llm", concurrency_max=1)
+    parent = await engine.submit("a", task_id="parent", queue="llm", priority=5,
+                                 partition_key="c1", dedup_id="d1")
+    assert await claim(engine, "w", 1) == [parent]
+    await finish(engine, parent)
+    child = await engine.fork(parent, 2)
+    row = await engine.database.fetchrow(
+        "SELECT queue, priority, partition_key, dedup_id FROM wal_tasks WHERE task_id = $1",
+        child)
+    assert tuple(row) == ("llm", 5, None, None)

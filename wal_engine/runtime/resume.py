@@ -146,12 +146,16 @@ SELECT max(seq) AS seq FROM wal_snapshots
 """
 
 # A forked task: its head row (status reached through the legal walk in $4, which the insert
-# trigger checks from QUEUED) and its whole history, in one statement and one commit.
+# trigger checks from QUEUED) and its whole history, in one statement and one commit. It
+# waits in its parent's queue at its parent's priority (not under its partition key, which
+# would hold it behind a parent still alive, nor its dedup id, which the parent holds).
 FORK_TASK: Final = """
 WITH task AS (
     INSERT INTO wal_tasks (task_id, agent, status, status_path, head_seq, head_hash, budget,
-                           parent_task_id, parent_seq, attempts)
-    VALUES ($1, $2, $3, $4::text[], $5, $6, $7::jsonb, $8, $9, $10)
+                           parent_task_id, parent_seq, attempts, queue, priority)
+    SELECT $1, $2, $3, $4::text[], $5, $6, $7::jsonb, $8, $9, $10, p.queue, p.priority
+      FROM wal_tasks p
+     WHERE p.tenant = current_setting('wal.tenant', true) AND p.task_id = $8
     ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), inserted AS (
