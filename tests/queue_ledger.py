@@ -69,6 +69,23 @@ class Ledger:
             peak = max(peak, held)
         return peak
 
+    def claims_past_limit(self, queue: str,
+                          limits: list[tuple[dt.datetime, int | None]]) -> list[str]:
+        """Claims of ``queue`` made while it already held its limit in effect at that
+        instant (``limits``: when each limit took effect, oldest first; None for none).
+        Lowering a limit below the tasks running lets them finish; no claim may follow."""
+        slots = [s for s in self.slots if s.queue == queue]
+        problems = []
+        for slot in slots:
+            in_effect = [limit for since, limit in limits if since <= slot.start]
+            limit = in_effect[-1] if in_effect else None
+            held = sum(1 for other in slots if other is not slot and other.start < slot.start
+                       and (other.end is None or other.end > slot.start))
+            if limit is not None and held >= limit:
+                problems.append(f"{queue}: {slot.task_id} claimed with {held} held, "
+                                f"limit {limit}")
+        return problems
+
     def partition_violations(self) -> list[str]:
         """Partition rule breaches: two tasks of one key holding slots at once, or a task
         first claimed before an older one of its key was first claimed."""

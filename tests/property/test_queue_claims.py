@@ -1,8 +1,9 @@
 """Queues (issue 24), property: for random submissions (queues, priorities, partition keys),
-claims by several workers, completions and worker crashes, no queue ever holds more tasks
-than its limits (global, per worker) and each partition runs one at a time in submission
-order, all read from the log's own claim and release events; and once the workers stop
-crashing, every task is claimed (the limits hold work back, they never lose it)."""
+claims by several workers, completions, worker crashes and limits changed at run time, no
+task is claimed while its queue holds its global limit then in effect, no worker holds more
+than its per-worker limit, and each partition runs one at a time in submission order, all
+read from the log's own claim and release events; and once the workers stop crashing,
+every task is claimed (the limits hold work back, they never lose it)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ operations = st.lists(
         st.tuples(st.just("claim"), st.integers(0, 2), st.integers(1, 4)),
         st.tuples(st.just("finish"), st.integers(0, 50)),
         st.tuples(st.just("crash"), st.integers(0, 2)),
+        st.tuples(st.just("limit"), st.integers(0, 1), st.integers(1, 3)),
     ),
     min_size=8, max_size=40,
 )
@@ -82,8 +84,9 @@ class Model:
 async def test_random_claims_never_pass_the_limits(store: Store, first: tuple[int, int | None],
                                                     second: tuple[int, int | None],
                                                     ops: list[tuple[Any, ...]]) -> None:
-    """Random submissions, claims, completions and crashes: the log's ledger never shows a
-    queue past its global or per-worker limit, nor a partition broken; then every task runs."""
+    """Random submissions, claims, completions, crashes and limit changes: the log's ledger
+    shows no claim past the global limit then in effect (from the audit of changes), no
+    worker past its limit, no partition broken; then every task runs."""
     n = next(_examples)
     queues = [f"p{n}a", f"p{n}b"]
     for queue, (limit, worker_limit) in zip(queues, (first, second), strict=True):
@@ -102,6 +105,8 @@ async def test_random_claims_never_pass_the_limits(store: Store, first: tuple[in
             await model.claim(WORKERS[op[1]], op[2])
         elif op[0] == "finish":
             await model.finish(op[1])
+        elif op[0] == "limit":  # Changed at run time, raised or lowered.
+            await set_queue(store.database, queues[op[1]], concurrency_max=op[2])
         else:
             await model.crash(WORKERS[op[1]])
     # No more crashes: finish what runs and claim until nothing is left.
@@ -112,8 +117,13 @@ async def test_random_claims_never_pass_the_limits(store: Store, first: tuple[in
             await model.finish(0)
     rows = [r for r in await store.database.fetch(LEDGER_SQL) if r["queue"] in queues]
     ledger = ledger_of(rows)
-    for queue, (limit, worker_limit) in zip(queues, (first, second), strict=True):
-        assert ledger.peak(queue) <= limit
+    changes = await store.database.fetch(
+        "SELECT queue, changed_at, (after ->> 'concurrency_max')::int AS limit_"
+        " FROM wal_queue_changes WHERE queue = ANY($1::text[]) ORDER BY change_id", queues)
+    for queue, (_, worker_limit) in zip(queues, (first, second), strict=True):
+        # The limits in effect over time, from the audit of their changes.
+        in_effect = [(c["changed_at"], c["limit_"]) for c in changes if c["queue"] == queue]
+        assert ledger.claims_past_limit(queue, in_effect) == []
         if worker_limit is not None:
             assert ledger.peak(queue, by_worker=True) <= worker_limit
     assert ledger.partition_violations() == []
