@@ -22,6 +22,7 @@ whether the output is JSON is decided by whether that stream is a terminal.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import sys
@@ -272,7 +273,10 @@ class DriverLogBridge(logging.Handler):
                 if cause is not None:
                     values["cause"] = _one_line(f"{type(cause).__name__}: {cause}")
             level = _PY_LEVELS.get(record.levelno, "warning")
-            getattr(get_logger(record.name), level)(event, **values)
+            # In an empty context: the pool's maintenance runs in a copy of the context of
+            # the task run that happened to start it, whose task_id is not this line's.
+            contextvars.Context().run(getattr(get_logger(record.name), level), event,
+                                      **values)
         except Exception:  # A log line must never break the driver.
             self.handleError(record)
 
