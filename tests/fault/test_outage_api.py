@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -385,8 +386,14 @@ async def test_the_cli_worker_waits_for_the_database(
         _cli_worker_command(dsn, "--wait-for-db", "60"), cwd=ROOT,
                                env={**os.environ, **CLI_ENV}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, b"")),
+                              daemon=True)
+    reader.start()
     try:
-        await asyncio.sleep(1.5)
+        await wait_until(lambda: any(b'"database_waiting"' in line for line in list(lines)),
+                         "the worker to wait for the database", 60, 0.05)
         assert process.poll() is None
         await _start(server)
         engine = await connect(dsn, migrate=False, development=True)
@@ -397,11 +404,13 @@ async def test_the_cli_worker_waits_for_the_database(
         finally:
             await engine.close()
         process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+        await asyncio.to_thread(process.wait, 30)
+        await asyncio.to_thread(reader.join, 10)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+    stderr = b"".join(lines)
     assert process.returncode == 0, stderr.decode()[-2000:]
     records = [orjson.loads(line) for line in stderr.splitlines() if line.strip()]
     events = [record["event"] for record in records]
