@@ -32,8 +32,8 @@ async def proxied(database_dsn: str, monkeypatch: pytest.MonkeyPatch
     engine = await connect_engine(proxy.dsn(database_dsn), command_timeout_s=1.0,
                                   pool_size_max=2)
     # Calls safe to repeat ride an outage for unavailable_retry_s (30 s by default) before
-    # they raise; here the outage lasts the whole test, so they raise after a second.
-    engine.unavailable_retry_s = 1.0
+    # they raise; here the outage lasts the whole test, so they raise after 0.3 s.
+    engine.unavailable_retry_s = 0.3
 
     @engine.agent("away")
     async def away(ctx: Any, args: Any) -> Any:
@@ -52,10 +52,10 @@ def _public_calls(engine: Engine, task_id: str
                   ) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
     async def worker_run() -> None:
         # A worker waits for the database (it is not idle until the database says so):
-        # it is still running after two seconds of the outage, and stops cleanly.
+        # it is still running after a second of the outage, and stops cleanly.
         worker = engine.worker(concurrency=1, poll_ms=50, sweep_ms=100, heartbeat_ms=100)
         running = asyncio.create_task(worker.run(until_idle=True))
-        await asyncio.wait({running}, timeout=2.0)
+        await asyncio.wait({running}, timeout=1.0)
         assert not running.done(), "an until_idle worker returned during the outage"
         assert not worker.database_ready
         worker.stop()
