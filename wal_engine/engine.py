@@ -265,6 +265,9 @@ class Engine:
 
         The input is validated against the agent's declared input type and must be plain
         JSON once converted; a bad input raises :class:`InvalidInput` and never reaches the log.
+        Through a database outage the submission is made again (it is idempotent on the
+        task id, chosen before the first attempt) for up to ``unavailable_retry_s``, then
+        raises :class:`~wal_engine.errors.DatabaseUnavailable`.
         """
         definition = self.agents.get(agent)
         plain_input = input
@@ -397,7 +400,9 @@ class Engine:
                      requested_by: str | None = None) -> bool:
         """Cancel a task: it becomes FAILED and its current worker is fenced.
 
-        Returns False if the task had already finished.
+        Returns False if the task had already finished. Made again through a database
+        outage; when an attempt's answer was lost, a "finished already" is read back from
+        the task's last event (True when it is this cancellation).
         """
         validate_task_id(task_id)
         validate_text(reason, "a cancellation reason", bytes_max=limits.cancel_text_bytes_max)

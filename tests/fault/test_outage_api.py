@@ -595,3 +595,41 @@ async def test_multi_host_dsn_serves_every_session_and_hides_its_password(
     with pytest.raises(DatabaseUnavailable) as raised:
         await connect(nowhere, migrate=False, development=True)
     assert "s3cret-pw" not in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+async def test_a_silent_first_host_does_not_hide_the_next_one(
+        database_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-host DSN whose first host accepts the TCP connection and then says nothing
+    (a lost node behind a load balancer, a partition): asyncpg's timeout covers the whole
+    host list, so that host took all of it and the next was never tried. Each host now has
+    the timeout to itself, and the host that answered is tried first afterwards: connect()
+    succeeds after one timeout, and the worker's sessions and the pool's next connections
+    go straight to the answering host."""
+    from wal_engine.dsn import Dsn
+    from wal_engine.store.connection import connect_once
+
+    monkeypatch.setattr(limits, "connect_timeout_s", 1.0)
+    silent = await FaultProxy.for_dsn(database_dsn).start()
+    silent.set("blackhole")
+    port = Dsn.parse(database_dsn).ports[0]
+    assert port is not None
+    multi = with_hosts(database_dsn, [silent.port, port], target_session_attrs="read-write")
+    try:
+        started = time.monotonic()
+        engine = await connect(multi, migrate=False, development=True)
+        first_s = time.monotonic() - started
+        try:
+            started = time.monotonic()
+            session = await connect_once(multi)
+            again_s = time.monotonic() - started
+            await session.close()
+            assert await engine.submit("waits", None, task_id="through") == "through"
+        finally:
+            await engine.close()
+    finally:
+        await silent.close()
+    print(f"\nconnect() past a silent first host {first_s:.2f} s, the next session "
+          f"{again_s:.3f} s")
+    assert 0.9 <= first_s < 5.0
+    assert again_s < 0.5

@@ -33,6 +33,7 @@ from wal_engine.observability.logs import capture_driver_logs, get_logger
 from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
+from wal_engine.store.hosts import connect_any
 
 log = get_logger(__name__)
 
@@ -177,8 +178,8 @@ async def connect_once(dsn: str, settings: Mapping[str, str] | None = None
     """One connection outside any pool (a dedicated session: sweep, LISTEN, renewals);
     every failure to open it is :class:`DatabaseUnavailable`."""
     try:
-        return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
-                                     server_settings=None if settings is None else dict(settings))
+        return await connect_any(dsn, timeout=limits.connect_timeout_s,
+                                 server_settings=None if settings is None else dict(settings))
     except Exception as error:
         raise connect_failure(dsn, error) from error
 
@@ -361,6 +362,7 @@ class Database:
         try:
             pool = await asyncpg.create_pool(
                 resolved,
+                connect=connect_any,  # Each host of a multi-host DSN on its own timeout.
                 min_size=min_size,
                 max_size=max_size,
                 timeout=limits.connect_timeout_s,
