@@ -37,6 +37,10 @@ from wal_engine.cli.common import (
 from wal_engine.errors import ConfigurationError, SchemaMismatch
 from wal_engine.runtime.replayer import DeployCheck, ReplayReport, replay_timeout_s_default
 
+WAIT_FOR_DB_S_DEFAULT: Final = 60.0
+"""How long ``wal-engine worker`` waits for a database that is away at start: a worker
+started with (or before) its database, or during a failover, comes up with it instead of
+exiting (a Patroni failover takes 10-30 s)."""
 BENCHMARK_SUITE: Final = "benchmarks.suite"
 """The side-by-side suite (``python -m benchmarks``), at the repository root, not in the wheel."""
 
@@ -78,8 +82,9 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
               help="Serve Prometheus metrics on this port (needs the metrics extra).")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True,
               help="Address the metrics server binds.")
-@click.option("--wait-for-db", "wait_for_db_s", type=click.FloatRange(0), default=0.0,
-              envvar="WAL_ENGINE_WAIT_FOR_DB", metavar="SECONDS", show_default=True,
+@click.option("--wait-for-db", "wait_for_db_s", type=click.FloatRange(0),
+              default=WAIT_FOR_DB_S_DEFAULT, envvar="WAL_ENGINE_WAIT_FOR_DB",
+              metavar="SECONDS", show_default=True,
               help="Wait up to SECONDS for a database that is away at start (refused, "
                    "unanswered, starting up, failing over), with bounded backoff, logging "
                    "database_waiting, then database_ready; past it, exit 4. A wrong "
