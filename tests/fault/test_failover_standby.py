@@ -59,7 +59,8 @@ async def test_a_failover_to_a_promoted_standby_is_ridden(
         register(engine)
         workers = [f"fo-{n}" for n in range(4)]
         for task_id in workers:
-            await engine.submit("steps", {"steps": 30}, task_id=task_id)
+            # 30 steps of 0.1 s: they span the failover (at 1 s, promoted about 1.3 s later).
+            await engine.submit("steps", {"steps": 30, "delay_s": 0.1}, task_id=task_id)
         worker = engine.worker(concurrency=4, lease_ttl_ms=15_000, heartbeat_ms=1_000,
                                poll_ms=100, sweep_ms=500)
         acknowledged: list[str] = []
@@ -86,6 +87,9 @@ async def test_a_failover_to_a_promoted_standby_is_ridden(
             running = asyncio.ensure_future(worker.run())
             calls = asyncio.ensure_future(client())
             await asyncio.sleep(1.0)
+            # Every task is part-way through its steps when the primary is lost.
+            done_before = [sum(ACTED[(task_id, step)] for step in range(30))
+                           for task_id in workers]
             failed_at = time.monotonic()
             await asyncio.to_thread(server.embedded.stop, "immediate")
             await asyncio.sleep(1.0)
@@ -97,12 +101,14 @@ async def test_a_failover_to_a_promoted_standby_is_ridden(
             states = [await engine.wait(task_id, timeout_s=60) for task_id in workers]
             worker.stop()
             await asyncio.wait_for(running, 30)
+        epochs = [(await engine.head(task_id)).lease_epoch for task_id in workers]
         rows = await engine.database.fetch(
             "SELECT task_id FROM wal_tasks WHERE task_id = ANY($1::text[])", acknowledged)
         present = {row["task_id"] for row in rows}
         print(f"\nfailover (kill, promote) {promoted_s:.1f} s; {len(acknowledged)} "
               f"submissions acknowledged, {len(acknowledged) - len(present)} lost, "
-              f"failures {dict(failures)}, slowest call {slowest:.1f} s")
+              f"failures {dict(failures)}, slowest call {slowest:.1f} s; steps done "
+              f"by each worker task at the loss {done_before}")
         await engine.close()
         assert not failures, failures
         assert present == set(acknowledged)
@@ -110,6 +116,8 @@ async def test_a_failover_to_a_promoted_standby_is_ridden(
         assert [state.output for state in states] == [sum(range(30))] * 4
         for task_id in workers:
             assert [ACTED[(task_id, step)] for step in range(30)] == [1] * 30, task_id
+        assert all(0 < done < 30 for done in done_before), done_before
+        assert epochs == [1] * 4, epochs  # Each kept by its first claim through the failover.
         assert not [entry for entry in logs if entry.get("log_level") == "error"]
     finally:
         await asyncio.to_thread(standby.stop)

@@ -60,8 +60,10 @@ def register(engine: Engine) -> None:
     async def steps(ctx: Any, args: Any) -> Any:
         total = 0
         for step in range(args["steps"]):
-            def act(index: int, task_id: str = ctx.task_id) -> int:
+            def act(index: int, task_id: str = ctx.task_id,
+                    delay_s: float = args.get("delay_s", 0.0)) -> int:
                 ACTED[(task_id, index)] += 1
+                time.sleep(delay_s)  # A sync tool's own latency (on the worker's threads).
                 return index
 
             total += await ctx.tool("act", act, step, idempotent=False)
