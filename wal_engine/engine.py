@@ -676,7 +676,7 @@ def _error_text(error: BaseException) -> str:
     """``error`` as one line: its type and message (its cause's too, for a typed one)."""
     text = f"{type(error).__name__}: {error}"
     cause = error.__cause__
-    if cause is not None:
+    if cause is not None and type(cause).__name__ not in text:
         text += f" (from {type(cause).__name__}: {cause})"
     return " ".join(text.split())
 

@@ -545,7 +545,8 @@ async def test_terminated_sessions_are_ridden(database_dsn: str) -> None:
         await asyncio.wait_for(engine.close(), 10)
     causes = Counter(match.group(1) for entry in logs
                      if entry["event"] == "database_unavailable_retrying"
-                     for match in [re.search(r"\(from (\w+)", entry["error"])] if match)
+                     for match in [re.search(r"(\w+Error)", entry["error"].split(":", 2)[-1])]
+                     if match)
     print(f"\nsessions terminated {killed}, calls {dict(outcomes)}, retried after "
           f"{dict(causes)}")
     assert set(outcomes) == {"ok"}, outcomes

@@ -533,8 +533,9 @@ async def _cancel_until_done(tasks: Iterable[asyncio.Task[Any]]) -> None:
 def _error_text(error: BaseException) -> str:
     """``error`` as one line: its type and message, and its cause's."""
     text = f"{type(error).__name__}: {error}"
-    if error.__cause__ is not None:
-        text += f" (from {type(error.__cause__).__name__}: {error.__cause__})"
+    cause = error.__cause__
+    if cause is not None and type(cause).__name__ not in text:
+        text += f" (from {type(cause).__name__}: {cause})"
     return " ".join(text.split())
 
 
