@@ -1285,10 +1285,10 @@ $$;
 --    no crash can fall between the child's ending and its parent's wake-up;
 --  * a parent's ending cancels its children still running whose on_parent_end is
 --    'cancel' (wal_cancel_task: terminal event, epoch bumped), which in turn cancels theirs.
---    A child's row locked by another transaction is tried again (NOWAIT, 100 times 5 ms
---    apart, a subtransaction each) rather than waited for: the child's own ending holds
---    its row while it waits for the parent's (its wake-up signal), and waiting here would
---    deadlock; a child still locked after that is ending by itself.
+--    A child's row locked by another transaction is waited for 25 ms at a time, 20 times
+--    at most, a subtransaction each, never longer: the child's own ending holds its row
+--    while it waits for the parent's (its wake-up signal), and an unbounded wait here
+--    would deadlock; a child still locked after that is ending by itself.
 ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS on_parent_end text
     CHECK (on_parent_end IN ('cancel', 'abandon'));
 CREATE INDEX IF NOT EXISTS wal_tasks_children ON wal_tasks (tenant, parent_task_id)
@@ -1299,6 +1299,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     child record;
     tries integer;
+    previous_timeout text := current_setting('lock_timeout');
 BEGIN
     IF NEW.parent_task_id IS NOT NULL AND NEW.parent_seq IS NULL THEN
         PERFORM wal_send_signal(
@@ -1315,16 +1316,19 @@ BEGIN
          ORDER BY t.task_id
          LIMIT 1000
     LOOP
-        FOR tries IN 1..100 LOOP
+        FOR tries IN 1..20 LOOP
             BEGIN
+                -- A setting changed in a subtransaction that fails is undone with it.
+                PERFORM set_config('lock_timeout', '25ms', true);
                 PERFORM 1 FROM wal_tasks t
-                 WHERE t.tenant = NEW.tenant AND t.task_id = child.task_id FOR UPDATE NOWAIT;
+                 WHERE t.tenant = NEW.tenant AND t.task_id = child.task_id FOR UPDATE;
+                PERFORM set_config('lock_timeout', previous_timeout, true);
                 PERFORM wal_cancel_task(child.task_id, 'parent ended', NEW.task_id);
                 EXIT;
             EXCEPTION WHEN lock_not_available OR unique_violation THEN
                 -- Locked by a claim, a heartbeat or the child's own ending; or its worker
-                -- took the next seq at that moment: look again shortly.
-                PERFORM pg_sleep(0.005);
+                -- took the next seq at that moment: try again.
+                NULL;
             END;
         END LOOP;
     END LOOP;

@@ -9,7 +9,6 @@ from collections import Counter
 from typing import Any
 
 import msgspec
-import pytest
 
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import (
@@ -340,3 +339,28 @@ async def test_child_ending_wakes_the_parent_in_the_same_transaction(engine: Eng
         "'wal.tenant', true) AND task_id = 'waiter'")
     assert [(r["name"], r["dedup_key"]) for r in rows] == [
         ("~child:waiter:child:value-0", "child:waiter:child:value-0")]
+
+
+async def test_children_under_a_tenants_runtime_role(tenant_roles: Any) -> None:
+    """As a tenant's own login role (no superuser rights): a spawn writes its policy, a
+    child's ending wakes its parent and a parent's cancellation cancels its child."""
+    credentials = await tenant_roles.create("tenant-kids")
+    engine = await connect(credentials.dsn, migrate=False, pool_size_max=4)
+    try:
+        runs: Counter[str] = Counter()
+        _register_children(engine, runs)
+
+        @engine.agent("family")
+        async def family(ctx: AgentContext, value: Any) -> Any:
+            doubled = await (await ctx.spawn("square", {"n": 3})).result()
+            waiting = await ctx.spawn("forever", None)
+            return [doubled, await waiting.result()]
+
+        task = await engine.submit("family", None, task_id="family")
+        await run_worker_until_idle(engine, **FAST)
+        assert (await engine.head(task)).status is Status.WAITING
+        assert await engine.cancel(task)
+        assert await _tasks(engine) == {"family": "FAILED", "family:child:value-0": "COMPLETED",
+                                        "family:child:value-2": "FAILED"}
+    finally:
+        await engine.close()
