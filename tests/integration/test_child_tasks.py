@@ -199,8 +199,9 @@ async def test_parent_crashed_between_spawn_and_record_never_spawns_twice(
 
 async def test_resumed_parent_replays_spawns_without_creating_children(
         engine: Engine) -> None:
-    """A parent orphaned while it waits for its children re-runs its spawns from the log:
-    no child is created again and each ran once."""
+    """A parent that sleeps durably between spawning and gathering re-runs its code from
+    the top when it wakes, its spawns answered from the log: no child is created again and
+    each ran once."""
     runs: Counter[str] = Counter()
     _register_children(engine, runs)
 
