@@ -683,7 +683,7 @@ class Engine:
             snapshot_policy=self.snapshot_policy,
             recovery_attempts_max=self.recovery_attempts_max,
             llm_spend_max_usd=self.llm_spend_max_usd, wake_token=self.wake_token,
-            clock=self.clock, random=self.random)
+            clock=self.clock, random=self.random, agents=self.agents)
 
     async def close(self) -> None:
         """Flush pending appends and close the pool."""

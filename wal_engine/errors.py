@@ -497,6 +497,55 @@ class ToolError(WalError):
         self.error = error
 
 
+class ChildTaskFailed(WalError):
+    """A child task (``ctx.spawn``) ended FAILED or was cancelled: raised by
+    ``handle.result()`` in its parent, the same way live and on replay.
+
+    Attributes:
+        task_id: The child's id.
+        reason: Why it failed (``task_failed``'s reason, or ``cancelled``).
+        error: The child's error text, if any.
+        cancelled: Whether it was cancelled rather than failed.
+    """
+
+    def __init__(self, task_id: str, reason: str, error: str | None, *,
+                 cancelled: bool = False) -> None:
+        what = "was cancelled" if cancelled else "failed"
+        super().__init__(f"child task {task_id!r} {what}: {reason}"
+                         + ("" if error is None else f": {error}"))
+        self.task_id = task_id
+        self.reason = reason
+        self.error = error
+        self.cancelled = cancelled
+
+
+class UnknownAgent(InvalidInput):
+    """``ctx.spawn`` named an agent this engine has not registered."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(f"unknown agent {agent!r}: register it on the engine before spawning")
+        self.agent = agent
+
+
+class TaskCycle(InvalidInput):
+    """A task would await itself or one of its ancestors: it would wait for ever."""
+
+    def __init__(self, task_id: str, awaited: str) -> None:
+        super().__init__(f"task {task_id!r} cannot await {awaited!r}: it is the task itself "
+                         "or one of its ancestors")
+        self.task_id = task_id
+        self.awaited = awaited
+
+
+class NotAChild(InvalidInput):
+    """A task asked for a handle of a task that is not its own child."""
+
+    def __init__(self, task_id: str, other: str) -> None:
+        super().__init__(f"task {other!r} is not a child of {task_id!r}")
+        self.task_id = task_id
+        self.other = other
+
+
 class SignalTimeout(WalError):
     """No signal arrived before the wait's timeout."""
 
