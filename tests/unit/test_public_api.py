@@ -275,6 +275,12 @@ SIGNATURES = {
     'AgentContext.random': "(self) -> 'float'",
     'AgentContext.set_env': "(self, **values: 'str | None') -> 'None'",
     'AgentContext.sleep': "(self, seconds: 'float') -> 'None'",
+    'AgentContext.child': "(self, task_id: 'str') -> 'ChildHandle'",
+    'AgentContext.gather': "(self, *handles: 'ChildHandle', return_exceptions: 'bool' = False)"
+                           " -> 'list[Any]'",
+    'AgentContext.spawn': "(self, agent: 'str', input: 'Any' = None, *, task_id: 'str | None'"
+                          " = None, budget: 'ev.Budget | None' = None, on_parent_end:"
+                          " 'ParentEndPolicy' = 'cancel') -> 'ChildHandle'",
     'AgentContext.tool': (
         "(self, name: 'str', function: 'Callable[..., Any]', args: 'Any' = None, *, "
         "result_type: 'Any' = None, idempotent: 'bool' = True, retry: 'RetryPolicy' = "
