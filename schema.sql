@@ -1283,7 +1283,7 @@ INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
 -- ============================================================ end of large values (version 3)
 
 -- ======================================================================= queues (issue 24)
--- Flow control (docs/architecture.md, decision 63). A task is submitted to a named queue
+-- Flow control (docs/architecture.md, decision 65). A task is submitted to a named queue
 -- ('default' unless given); the claim (wal_claim_tasks, above) enforces the queue's limits.
 -- wal_queues         one row per configured queue of a tenant: its global concurrency limit
 --                    (leased tasks across every worker and host) and per-worker limit, NULL
@@ -1567,3 +1567,76 @@ WITH deleted AS (DELETE FROM wal_schedules
 SELECT count(*) > 0 FROM deleted
 $$;
 -- ======================================================== end of schedules (issue 24)
+
+-- ============================================================ child tasks (issue 24)
+-- A task may spawn child tasks (ctx.spawn, wal_engine/runtime/children.py). A child is a
+-- task whose row names its parent in parent_task_id with parent_seq NULL (a fork names
+-- its parent with the seq it was forked at), always in the parent's tenant: it is
+-- created on the parent's connection, and its key leads with the tenant. on_parent_end
+-- is what happens to the child when its parent ends first: 'cancel' (the default) or
+-- 'abandon'; written in the transaction that creates the child.
+--
+-- wal_task_ended (a trigger on the terminal move of any task, so in the transaction of
+-- the terminal append itself):
+--  * a child's ending puts the signal '~child:<child id>' (deduplicated on
+--    'child:<child id>') in its parent's inbox, waking the parent if it waits for it:
+--    no crash can fall between the child's ending and its parent's wake-up;
+--  * a parent's ending cancels its children still running whose on_parent_end is
+--    'cancel' (wal_cancel_task: terminal event, epoch bumped), which in turn cancels theirs.
+--    A child's row locked by another transaction is waited for 25 ms at a time, 20 times
+--    at most, a subtransaction each, never longer: the child's own ending holds its row
+--    while it waits for the parent's (its wake-up signal), and an unbounded wait here
+--    would deadlock; a child still locked after that is ending by itself.
+ALTER TABLE wal_tasks ADD COLUMN IF NOT EXISTS on_parent_end text
+    CHECK (on_parent_end IN ('cancel', 'abandon'));
+CREATE INDEX IF NOT EXISTS wal_tasks_children ON wal_tasks (tenant, parent_task_id)
+    WHERE parent_task_id IS NOT NULL AND parent_seq IS NULL;
+
+CREATE OR REPLACE FUNCTION wal_task_ended() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    child record;
+    tries integer;
+    previous_timeout text := current_setting('lock_timeout');
+BEGIN
+    IF NEW.parent_task_id IS NOT NULL AND NEW.parent_seq IS NULL THEN
+        PERFORM wal_send_signal(
+            NEW.parent_task_id, '~child:' || NEW.task_id,
+            convert_to(jsonb_build_object('task_id', NEW.task_id, 'status', NEW.status)::text,
+                       'UTF8'),
+            'child:' || NEW.task_id);
+    END IF;
+    FOR child IN
+        SELECT t.task_id FROM wal_tasks t
+         WHERE t.tenant = NEW.tenant AND t.parent_task_id = NEW.task_id
+           AND t.parent_seq IS NULL AND t.status NOT IN ('COMPLETED', 'FAILED')
+           AND coalesce(t.on_parent_end, 'cancel') = 'cancel'
+         ORDER BY t.task_id
+         LIMIT 1000
+    LOOP
+        FOR tries IN 1..20 LOOP
+            BEGIN
+                -- A setting changed in a subtransaction that fails is undone with it.
+                PERFORM set_config('lock_timeout', '25ms', true);
+                PERFORM 1 FROM wal_tasks t
+                 WHERE t.tenant = NEW.tenant AND t.task_id = child.task_id FOR UPDATE;
+                PERFORM set_config('lock_timeout', previous_timeout, true);
+                PERFORM wal_cancel_task(child.task_id, 'parent ended', NEW.task_id);
+                EXIT;
+            EXCEPTION WHEN lock_not_available OR unique_violation THEN
+                -- Locked by a claim, a heartbeat or the child's own ending; or its worker
+                -- took the next seq at that moment: try again.
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS wal_task_ended ON wal_tasks;
+CREATE TRIGGER wal_task_ended AFTER UPDATE OF status ON wal_tasks
+    FOR EACH ROW
+    WHEN (NEW.status IN ('COMPLETED', 'FAILED') AND OLD.status NOT IN ('COMPLETED', 'FAILED'))
+    EXECUTE FUNCTION wal_task_ended();
+-- ======================================================== end of child tasks (issue 24)

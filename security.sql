@@ -32,7 +32,8 @@
 --                                     heartbeats are plain statements, decision 4 of
 --                                     docs/architecture.md; the state-machine trigger
 --                                     checks every status move). Never lease_epoch (the
---                                     fencing token), attempts, agent, budget or ids.
+--                                     fencing token), attempts, agent, budget or ids;
+--                                     on_parent_end, set once as a child is created.
 --   wal_idempotency                   SELECT, INSERT; UPDATE of the claim and outcome
 --                                     columns; a released claim is deleted by
 --                                     wal_release_key.
@@ -168,7 +169,8 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT ON wal_events TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_tasks TO %I', app_role);
     EXECUTE format('GRANT UPDATE (head_seq, head_hash, status, status_path, updated_at, '
-                   'wake_at, waiting_signal, lease_owner, lease_expires_at) ON wal_tasks TO %I',
+                   'wake_at, waiting_signal, lease_owner, lease_expires_at, on_parent_end) '
+                   'ON wal_tasks TO %I',
                    app_role);
     -- No table-level DELETE (nor UPDATE, TRUNCATE): see the map above, LOCK TABLE.
     EXECUTE format('GRANT SELECT, INSERT ON wal_snapshots TO %I', app_role);

@@ -7,10 +7,13 @@ import functools
 import hashlib
 import inspect
 import math
+import time
 import typing
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar
 
+import asyncpg
 import msgspec
 
 from replay.state import CallStatus
@@ -19,17 +22,27 @@ from wal_engine.clock import SYSTEM_CLOCK, SYSTEM_RANDOM, Clock, RandomSource
 from wal_engine.effects.gateway import IdempotencyGateway
 from wal_engine.errors import (
     ConfigurationError,
+    DatabaseUnavailable,
     DuplicateRow,
     InvalidInput,
     ReconcileRefused,
+    TaskAlreadyExists,
     WaitTimedOut,
+    WalError,
 )
-from wal_engine.events import Budget, ToolCallUncertain
+from wal_engine.events import Budget, TaskCancelled, ToolCallUncertain
 from wal_engine.ids import TaskId, new_task_id, validate_task_id, validate_text
 from wal_engine.observability import metrics
 from wal_engine.observability.logs import get_logger
 from wal_engine.payloads import encode_payload
-from wal_engine.retries import EMIT_RETRY, READ_RETRY, retrying
+from wal_engine.retries import (
+    EMIT_RETRY,
+    READ_RETRY,
+    UNAVAILABLE_RETRY_S_DEFAULT,
+    api_policy,
+    connect_wait_policy,
+    retrying,
+)
 from wal_engine.runtime.control import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.runtime.control import approval_signal, reconcile_signal
 from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
@@ -63,7 +76,7 @@ from wal_engine.security.redaction import (
 )
 from wal_engine.state_machine import TERMINAL
 from wal_engine.store import Database, EventRecord, Store, TaskHead, queries
-from wal_engine.store.connection import is_unavailable
+from wal_engine.store.connection import is_outage, is_unavailable
 from wal_engine.store.group_commit import GroupCommitter
 from wal_engine.store.queues import (
     DEFAULT_QUEUE,
@@ -90,6 +103,7 @@ AgentFunction = Callable[["AgentContext", Any], Awaitable[Any]]
 F = TypeVar("F", bound=AgentFunction)
 """An agent function: ``@engine.agent`` hands it back with its own type unchanged."""
 ConfigT = TypeVar("ConfigT", bound=msgspec.Struct)
+T = TypeVar("T")
 
 wait_poll_s_default: Final = 0.05
 recovery_attempts_max_default: Final = 20
@@ -189,8 +203,12 @@ class Engine:
                  redactor: Redactor | None = default_redactor,
                  secrets: SecretResolver | None = None,
                  events_per_task_max: int = limits.history_events_max,
-                 llm_spend_max_usd: float | None = None) -> None:
+                 llm_spend_max_usd: float | None = None,
+                 unavailable_retry_s: float = UNAVAILABLE_RETRY_S_DEFAULT) -> None:
         self.database = database
+        self.unavailable_retry_s = unavailable_retry_s
+        """How long a call of this API that is safe to repeat is retried while the
+        database is away (:class:`EngineConfig`)."""
         self.llm_spend_max_usd = llm_spend_max_usd
         """This engine's cap on its tenant's LLM spend (USD) across tasks (None: none)."""
         self.tenant = database.tenant
@@ -280,6 +298,9 @@ class Engine:
 
         The input is validated against the agent's declared input type and must be plain
         JSON once converted; a bad input raises :class:`InvalidInput` and never reaches the log.
+        Through a database outage the submission is made again (it is idempotent on the
+        task id, chosen before the first attempt) for up to ``unavailable_retry_s``, then
+        raises :class:`~wal_engine.errors.DatabaseUnavailable`.
 
         Args:
             queue: The queue it waits in: ``default`` or one made by :meth:`set_queue`
@@ -294,9 +315,11 @@ class Engine:
         definition = self.agents.get(agent)
         plain_input = self._plain_input(agent, input)
         chosen = new_task_id() if task_id is None else validate_task_id(task_id)
-        await self.store.create_task(
+        # Idempotent on the task id, chosen before the first attempt: safe to repeat.
+        await self._riding("submit", lambda: self.store.create_task(
             chosen, agent, input=plain_input, budget=budget,
-            agent_version=None if definition is None else definition.version, placement=where)
+            agent_version=None if definition is None else definition.version,
+            placement=where), repeat_safe=True, key=chosen)
         return chosen
 
     def _plain_input(self, agent: str, input: Any) -> Any:
@@ -323,23 +346,27 @@ class Engine:
         ``worker_concurrency_max`` those of one worker; an int (at least 1) sets a limit,
         None removes it, and a limit not given is left as it is. Every change is audited
         (:meth:`queue_changes`): the database role, ``requested_by``, the limits before and
-        after. Bad input raises :class:`InvalidInput` and changes nothing.
+        after. Bad input raises :class:`InvalidInput` and changes nothing. Made again
+        through a database outage: setting the same limits twice changes (and audits)
+        nothing the second time.
         """
-        return await set_queue(self.database, queue, concurrency_max=concurrency_max,
-                               worker_concurrency_max=worker_concurrency_max,
-                               requested_by=requested_by)
+        return await self._riding("set_queue", lambda: set_queue(
+            self.database, queue, concurrency_max=concurrency_max,
+            worker_concurrency_max=worker_concurrency_max, requested_by=requested_by),
+            repeat_safe=True, key=str(queue))
 
     async def queues(self) -> list[QueueStats]:
         """Every queue that is configured or holds live tasks: depth, running, waiting,
         limits and the oldest claimable task's wait (also into the queue metrics)."""
-        stats = await read_queues(self.database)
+        stats = await self._reading("queues", lambda: read_queues(self.database))
         metrics.queues_read(self.database.tenant, stats)
         return stats
 
     async def queue_changes(self, queue: str | None = None, *,
                             limit: int = 100) -> list[QueueChange]:
         """The audited changes of ``queue``'s limits (every queue's when None), newest first."""
-        return await read_queue_changes(self.database, queue, limit=limit)
+        return await self._reading("queue_changes", lambda: read_queue_changes(
+            self.database, queue, limit=limit))
 
     async def signal(self, task_id: str, name: str, payload: Any = None, *,
                      dedup_key: str | None = None) -> int:
@@ -351,6 +378,11 @@ class Engine:
         Names starting with ``~`` are the engine's own (approvals and reconciliations) and
         raise :class:`~wal_engine.errors.InvalidInput`: use :meth:`approve` and
         :meth:`reconcile`, which check what a raw signal would skip.
+
+        Through an outage a signal with a ``dedup_key`` is sent again until it lands (up to
+        ``unavailable_retry_s``); one without is sent again only when nothing reached the
+        database, else :class:`~wal_engine.errors.DatabaseUnavailable` says
+        ``may_have_applied``.
         """
         if isinstance(name, str) and name.startswith(_INTERNAL_SIGNAL_PREFIX):
             raise InvalidInput(f"signal names starting with {_INTERNAL_SIGNAL_PREFIX!r} are "
@@ -369,7 +401,10 @@ class Engine:
         encoded = self._encode_signal(payload)
         name = redact_text(self.redactor, name)
         dedup_key = None if dedup_key is None else redact_text(self.redactor, dedup_key)
-        row = await self._emitting(queries.SEND_SIGNAL, task_id, name, encoded, dedup_key)
+        row = await self._riding(
+            "signal", lambda: self._emitting(queries.SEND_SIGNAL, task_id, name, encoded,
+                                             dedup_key),
+            repeat_safe=dedup_key is not None, key=task_id)
         return int(row["signal_id"])
 
     def _encode_signal(self, payload: Any) -> bytes:
@@ -406,14 +441,15 @@ class Engine:
         ``force=True`` once you know that worker is gone (you stopped its process or its
         host).
         """
-        await self._reconcilable(task_id, call_id, force)
+        await self._reading("reconcile", lambda: self._reconcilable(task_id, call_id, force),
+                            key=task_id)
         payload = {"error": error} if error is not None else {"result": result}
         name = reconcile_signal(call_id)
         # One answer per call (the dedup key): a second reconciliation sent before the
         # task took the first used to be accepted too, and silently never read.
         signal_id = await self._signal(task_id, name, payload, dedup_key=name)
-        rows = await self.database.fetch(queries.READ_SIGNALS, task_id, name, [], 1,
-                                         task_id=task_id)
+        rows = await self._reading("reconcile", lambda: self.database.fetch(
+            queries.READ_SIGNALS, task_id, name, [], 1, task_id=task_id), key=task_id)
         if rows and bytes(rows[0]["payload"]) != self._encode_signal(payload):
             raise ReconcileRefused(task_id, call_id, f"another answer (signal "
                                    f"{rows[0]['signal_id']}) was recorded for it first")
@@ -421,7 +457,7 @@ class Engine:
 
     async def _reconcilable(self, task_id: str, call_id: str, force: bool) -> None:
         """Raise ReconcileRefused unless ``call_id`` may be reconciled now."""
-        state = await self.state(task_id)
+        state = await self._state(task_id)
         record = state.calls.get(call_id)
         if record is None or record.status is not CallStatus.UNCERTAIN:
             raise ReconcileRefused(task_id, call_id, "it is not an escalated (uncertain) call")
@@ -447,7 +483,9 @@ class Engine:
                      requested_by: str | None = None) -> bool:
         """Cancel a task: it becomes FAILED and its current worker is fenced.
 
-        Returns False if the task had already finished.
+        Returns False if the task had already finished. Made again through a database
+        outage; when an attempt's answer was lost, a "finished already" is read back from
+        the task's last event (True when it is this cancellation).
         """
         validate_task_id(task_id)
         validate_text(reason, "a cancellation reason", bytes_max=limits.cancel_text_bytes_max)
@@ -457,8 +495,32 @@ class Engine:
         reason = redact_text(self.redactor, reason)
         if requested_by is not None:
             requested_by = redact_text(self.redactor, requested_by)
-        row = await self._emitting(queries.CANCEL_TASK, task_id, reason, requested_by)
-        return bool(row["cancelled"])
+        in_doubt = False
+
+        def note(error: BaseException) -> None:
+            nonlocal in_doubt
+            in_doubt = in_doubt or _may_have_applied(error)
+
+        # Safe to repeat (a cancelled task stays cancelled); after an attempt in doubt, a
+        # "no" is read back: the task's last event is the cancellation this call sent.
+        row = await self._riding(
+            "cancel", lambda: self._emitting(queries.CANCEL_TASK, task_id, reason,
+                                             requested_by),
+            repeat_safe=True, key=task_id, on_outage=note)
+        if row["cancelled"] or not in_doubt:
+            return bool(row["cancelled"])
+        return await self._reading("cancel", lambda: self._cancelled_by(
+            task_id, reason, requested_by), key=task_id)
+
+    async def _cancelled_by(self, task_id: str, reason: str, requested_by: str | None
+                            ) -> bool:
+        """Whether ``task_id`` ended with a cancellation saying ``reason`` and
+        ``requested_by`` (a cancel whose answer was lost, read back)."""
+        rows = await self.store.read_events(task_id, from_seq=(await self.store.read_head(
+            task_id)).head_seq, limit=1)
+        event = rows[0].decode() if rows else None
+        return (isinstance(event, TaskCancelled) and event.reason == reason
+                and event.requested_by == requested_by)
 
     async def _emitting(self, statement: str, task_id: str, *args: Any) -> Any:
         """Run a statement that appends an event of the database's own (wal_emit).
@@ -475,21 +537,109 @@ class Engine:
         """A new task continuing a prefix of ``task_id``'s history up to ``at_seq``."""
         from wal_engine.runtime.resume import fork
 
-        return TaskId(await fork(self.store, task_id, at_seq))
+        child = new_task_id()  # Chosen once: an attempt in doubt is read back by its id.
+        in_doubt = False
+
+        async def attempt() -> str:
+            nonlocal in_doubt
+            try:
+                return await fork(self.store, task_id, at_seq, child_task_id=child)
+            except TaskAlreadyExists:
+                if in_doubt:  # Nobody else chose this random id: our attempt landed.
+                    return child
+                raise
+            except WalError as error:
+                in_doubt = in_doubt or _may_have_applied(error)
+                raise
+
+        return TaskId(await self._riding("fork", attempt, repeat_safe=True, key=task_id))
 
     async def state(self, task_id: str) -> AgentState:
         """The task's folded state (latest snapshot plus the tail of the log)."""
+        return await self._reading("state", lambda: self._state(task_id), key=task_id)
+
+    async def _state(self, task_id: str) -> AgentState:
         from wal_engine.runtime.resume import resume
 
         return await resume(self.store, task_id)
 
     async def head(self, task_id: str) -> TaskHead:
         """The task's head row (status, seq, lease)."""
-        return await self.store.read_head(task_id)
+        return await self._reading("head", lambda: self.store.read_head(task_id), key=task_id)
 
     async def history(self, task_id: str) -> list[EventRecord]:
         """Every event of the task, in seq order."""
-        return await self.store.history(task_id)
+        return await self._reading("history", lambda: self.store.history(task_id),
+                                   key=task_id)
+
+    # ------------------------------------------------------------------ outages
+
+    async def _reading(self, operation: str, call: Callable[[], Awaitable[T]], *,
+                       key: str = "") -> T:
+        """A read through an outage: made again until ``unavailable_retry_s``."""
+        return await self._riding(operation, call, repeat_safe=True, writes=False, key=key)
+
+    async def _riding(self, operation: str, call: Callable[[], Awaitable[T]], *,
+                      repeat_safe: bool, writes: bool = True, key: str = "",
+                      on_outage: Callable[[BaseException], None] | None = None) -> T:
+        """Run ``call`` (one operation of the public API) through a database outage.
+
+        While the database is away (:func:`~wal_engine.store.connection.is_outage`), the
+        call is made again after a bounded, jittered backoff until ``unavailable_retry_s``
+        has passed, when it is ``repeat_safe`` or when nothing of the failed attempt
+        reached the database. Then, or at once for a write that may have applied and is
+        not safe to repeat, it raises :class:`~wal_engine.errors.DatabaseUnavailable` (or
+        its subclass), whose ``may_have_applied`` says whether any attempt of a write may
+        have taken effect (never for a read). No driver or socket error escapes.
+        """
+        applied = False
+        retries = 0
+        started = time.monotonic()
+
+        def retry_if(error: BaseException) -> bool:
+            nonlocal applied
+            if not is_outage(error):
+                return False
+            if on_outage is not None:
+                on_outage(error)
+            in_doubt = writes and _may_have_applied(error)
+            applied = applied or in_doubt
+            return repeat_safe or not in_doubt
+
+        def retried(error: BaseException, attempt: int, delay_s: float) -> None:
+            nonlocal retries
+            retries = attempt
+            log.warning("database_unavailable_retrying", operation=operation,
+                        error=_error_text(error), attempt=attempt, delay_s=round(delay_s, 3))
+
+        try:
+            result = await retrying(api_policy(self.unavailable_retry_s),
+                                    lambda: self._typed(call, key), retry_if=retry_if,
+                                    key=f"{key}:{uuid.uuid4().hex[:8]}", on_retry=retried)
+        except DatabaseUnavailable as error:
+            error.may_have_applied = writes and (applied or _may_have_applied(error))
+            log.warning("database_unavailable", operation=operation,
+                        error=_error_text(error), may_have_applied=error.may_have_applied,
+                        waited_s=round(time.monotonic() - started, 3))
+            raise
+        if retries:
+            log.info("database_outage_ridden", operation=operation, attempts=retries + 1,
+                     waited_s=round(time.monotonic() - started, 3))
+        return result
+
+    async def _typed(self, call: Callable[[], Awaitable[T]], key: str) -> T:
+        """``call``, with any driver or socket error that escaped the store's translation
+        made the engine's own (the public API raises only WalErrors)."""
+        try:
+            return await call()
+        except WalError:
+            raise
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as error:
+            translated = self.database.translate(error, key or None)
+            if isinstance(translated, WalError):
+                raise translated from error
+            raise DatabaseUnavailable(self.database.dsn_redacted, _error_text(error),
+                                      may_have_applied=True) from error
 
     async def wait(self, task_id: str, *, timeout_s: float | None = None,
                    poll_s: float = wait_poll_s_default) -> AgentState:
@@ -594,7 +744,7 @@ class Engine:
             snapshot_policy=self.snapshot_policy,
             recovery_attempts_max=self.recovery_attempts_max,
             llm_spend_max_usd=self.llm_spend_max_usd, wake_token=self.wake_token,
-            clock=self.clock, random=self.random)
+            clock=self.clock, random=self.random, agents=self.agents)
 
     async def close(self) -> None:
         """Flush pending appends and close the pool."""
@@ -623,17 +773,61 @@ async def connect(dsn: str | None = None, *, config: EngineConfig | None = None,
     field, raises :class:`~wal_engine.errors.ConfigurationError`.
     """
     chosen = _engine_config(config, options)
-    database = await Database.open(
-        dsn, max_size=chosen.pool_size_max, migrate=chosen.migrate,
-        require_synchronous_commit=chosen.require_synchronous_commit,
-        development=chosen.development, tenant=chosen.tenant, tasks_max=chosen.tasks_max,
-        statement_timeout_ms=chosen.statement_timeout_ms,
-    )
+
+    async def open_database() -> Database:
+        return await Database.open(
+            dsn, max_size=chosen.pool_size_max, migrate=chosen.migrate,
+            require_synchronous_commit=chosen.require_synchronous_commit,
+            development=chosen.development, tenant=chosen.tenant, tasks_max=chosen.tasks_max,
+            statement_timeout_ms=chosen.statement_timeout_ms,
+        )
+
+    database = await (_waiting_for_database(open_database, chosen.connect_wait_s)
+                      if chosen.connect_wait_s > 0 else open_database())
     return Engine(database, payload_bytes_max=chosen.payload_bytes_max,
                   snapshot_policy=chosen.snapshot_policy, redactor=chosen.redactor,
                   secrets=chosen.secrets, events_per_task_max=chosen.events_per_task_max,
                   llm_spend_max_usd=chosen.llm_spend_max_usd,
-                  recovery_attempts_max=chosen.recovery_attempts_max)
+                  recovery_attempts_max=chosen.recovery_attempts_max,
+                  unavailable_retry_s=chosen.unavailable_retry_s)
+
+
+async def _waiting_for_database(open_database: Callable[[], Awaitable[Database]],
+                                wait_s: float) -> Database:
+    """``open_database()``, made again through an outage (bounded, jittered backoff, a
+    ``database_waiting`` warning per attempt) for at most ``wait_s``; ``database_ready``
+    is logged once it answers after a wait. The last error is raised after that (a wrong
+    password or database name at once: waiting does not end those)."""
+    started = time.monotonic()
+    attempts = 1
+
+    def waiting(error: BaseException, attempt: int, delay_s: float) -> None:
+        nonlocal attempts
+        attempts = attempt + 1
+        log.warning("database_waiting", error=_error_text(error), attempt=attempt,
+                    delay_s=round(delay_s, 3),
+                    waited_s=round(time.monotonic() - started, 3), wait_s=wait_s)
+
+    database = await retrying(connect_wait_policy(wait_s), open_database, retry_if=is_outage,
+                              key=uuid.uuid4().hex[:8], on_retry=waiting)
+    if attempts > 1:
+        log.info("database_ready", dsn=database.dsn_redacted, attempts=attempts,
+                 waited_s=round(time.monotonic() - started, 3))
+    return database
+
+
+def _may_have_applied(error: BaseException) -> bool:
+    """Whether the attempt that raised ``error`` may have taken effect."""
+    return bool(getattr(error, "may_have_applied", False))
+
+
+def _error_text(error: BaseException) -> str:
+    """``error`` as one line: its type and message (its cause's too, for a typed one)."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__
+    if cause is not None and type(cause).__name__ not in text:
+        text += f" (from {type(cause).__name__}: {cause})"
+    return " ".join(text.split())
 
 
 # ------------------------------------------------------------------ agent registration
@@ -758,6 +952,19 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             start (it wins over role and database defaults, decision 35).
         recovery_attempts_max: How many times a task may be claimed again after its
             runs were lost (crashes, expired leases) before it is dead-lettered.
+        unavailable_retry_s: How long a call of the engine's API that is safe to repeat
+            (``submit``, a signal with a ``dedup_key``, ``cancel``, ``reconcile``,
+            ``fork``, the reads, and any call whose attempt never reached the database)
+            is made again while the database is away (a failover, a restart), with a
+            bounded, jittered backoff, before it raises
+            :class:`~wal_engine.errors.DatabaseUnavailable`; default 30 s (a Patroni
+            failover takes 10-30 s). 0: never retried. One attempt already under way may
+            end after it (a connect attempt waits at most 10 s).
+        connect_wait_s: How long ``connect()`` waits for a database that is away (refused,
+            unanswered, starting up, in recovery) before it raises
+            :class:`~wal_engine.errors.DatabaseUnavailable`; logs ``database_waiting`` per
+            attempt and ``database_ready`` once connected. 0 (the default): no wait. A
+            wrong password or database name is raised at once.
     """
 
     payload_bytes_max: int = limits.payload_bytes_max
@@ -774,8 +981,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     llm_spend_max_usd: float | None = None
     statement_timeout_ms: int = limits.statement_timeout_ms
     recovery_attempts_max: int = recovery_attempts_max_default
+    unavailable_retry_s: float = UNAVAILABLE_RETRY_S_DEFAULT
+    connect_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("unavailable_retry_s", "connect_wait_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigurationError(f"{name} must be a finite number of seconds >= 0")
         if not 1 <= self.events_per_task_max <= limits.events_per_task_ceiling:
             raise ConfigurationError(f"events_per_task_max must be 1.."
                                      f"{limits.events_per_task_ceiling} (the database's ceiling)")
@@ -807,6 +1020,8 @@ class EngineOptions(TypedDict, total=False):
     llm_spend_max_usd: float | None
     statement_timeout_ms: int
     recovery_attempts_max: int
+    unavailable_retry_s: float
+    connect_wait_s: float
 
 
 class WorkerOptions(TypedDict, total=False):

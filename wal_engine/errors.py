@@ -41,22 +41,36 @@ class InvalidDsn(ConfigurationError):
 
 
 class DatabaseUnavailable(WalError):
-    """The database cannot be reached (refused, timed out, or shut down)."""
+    """The database cannot be reached (refused, timed out, shut down, failing over).
 
-    def __init__(self, dsn_redacted: str, reason: str) -> None:
+    The one error of the public API for an outage (its subclasses say more): the driver's
+    or the socket's error is the ``__cause__``. ``may_have_applied`` says whether the
+    operation may have taken effect: False when nothing reached the database or the
+    statement was rolled back whole (a read, a refused connection, a timeout the server
+    rolled back), True when a write was in flight when the answer was lost (send it again
+    only if repeating it is harmless, or read back what it would have changed).
+    Operations that are safe to repeat are retried inside the engine first
+    (``connect(unavailable_retry_s=...)``), so a caller sees this only after that."""
+
+    def __init__(self, dsn_redacted: str, reason: str, *,
+                 may_have_applied: bool = False) -> None:
         super().__init__(f"database unreachable at {dsn_redacted}: {reason}")
         self.dsn_redacted = dsn_redacted
         self.reason = reason
+        self.may_have_applied = may_have_applied
 
 
 class ConnectionLost(DatabaseUnavailable):
     """A session was lost, refused or left unanswered (the driver's or the socket's error is
     the ``__cause__``). When ``sent``, a statement was in flight and may or may not have
     committed (an append resolves it by reading its events back, RELIABILITY.md R4); when
-    not, the connection failed before anything was sent."""
+    not, the connection failed before anything was sent. ``may_have_applied`` is ``sent``
+    unless the operation said otherwise (a read applies nothing)."""
 
-    def __init__(self, dsn_redacted: str, reason: str, *, sent: bool = True) -> None:
-        super().__init__(dsn_redacted, reason)
+    def __init__(self, dsn_redacted: str, reason: str, *, sent: bool = True,
+                 may_have_applied: bool | None = None) -> None:
+        super().__init__(dsn_redacted, reason,
+                         may_have_applied=sent if may_have_applied is None else may_have_applied)
         self.sent = sent
 
 
@@ -319,11 +333,17 @@ class AppendOnlyViolation(WalError):
     """An UPDATE, DELETE or TRUNCATE on the append-only events table was refused."""
 
 
-class AmbiguousCommit(WalError):
-    """The commit of an append may or may not have happened, and reading back could not tell."""
+class AmbiguousCommit(DatabaseUnavailable):
+    """The commit of an append may or may not have happened, and reading back could not
+    tell (the database stayed away): a :class:`DatabaseUnavailable` whose
+    ``may_have_applied`` is True."""
 
     def __init__(self, task_id: str, first_seq: int) -> None:
-        super().__init__(f"outcome of the append at seq {first_seq} of task {task_id!r} is unknown")
+        message = f"outcome of the append at seq {first_seq} of task {task_id!r} is unknown"
+        WalError.__init__(self, message)
+        self.dsn_redacted = "the database"
+        self.reason = message
+        self.may_have_applied = True
         self.task_id = task_id
         self.first_seq = first_seq
 
@@ -497,6 +517,55 @@ class ToolError(WalError):
         self.call_id = call_id
         self.error_type = error_type
         self.error = error
+
+
+class ChildTaskFailed(WalError):
+    """A child task (``ctx.spawn``) ended FAILED or was cancelled: raised by
+    ``handle.result()`` in its parent, the same way live and on replay.
+
+    Attributes:
+        task_id: The child's id.
+        reason: Why it failed (``task_failed``'s reason, or ``cancelled``).
+        error: The child's error text, if any.
+        cancelled: Whether it was cancelled rather than failed.
+    """
+
+    def __init__(self, task_id: str, reason: str, error: str | None, *,
+                 cancelled: bool = False) -> None:
+        what = "was cancelled" if cancelled else "failed"
+        super().__init__(f"child task {task_id!r} {what}: {reason}"
+                         + ("" if error is None else f": {error}"))
+        self.task_id = task_id
+        self.reason = reason
+        self.error = error
+        self.cancelled = cancelled
+
+
+class UnknownAgent(InvalidInput):
+    """``ctx.spawn`` named an agent this engine has not registered."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(f"unknown agent {agent!r}: register it on the engine before spawning")
+        self.agent = agent
+
+
+class TaskCycle(InvalidInput):
+    """A task would await itself or one of its ancestors: it would wait for ever."""
+
+    def __init__(self, task_id: str, awaited: str) -> None:
+        super().__init__(f"task {task_id!r} cannot await {awaited!r}: it is the task itself "
+                         "or one of its ancestors")
+        self.task_id = task_id
+        self.awaited = awaited
+
+
+class NotAChild(InvalidInput):
+    """A task asked for a handle of a task that is not its own child."""
+
+    def __init__(self, task_id: str, other: str) -> None:
+        super().__init__(f"task {other!r} is not a child of {task_id!r}")
+        self.task_id = task_id
+        self.other = other
 
 
 class SignalTimeout(WalError):

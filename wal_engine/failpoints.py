@@ -36,6 +36,11 @@ OUTSIDE_RUNS: Final = (
 )
 """Points outside any task run: a schedule's tick written, not yet committed."""
 
+CHILD_POINTS: Final = (
+    "after_child_submit",
+)
+"""Points of ``ctx.spawn``: the child created, its spawn not yet recorded in the parent."""
+
 
 class SimulatedCrash(BaseException):
     """The worker 'died' here: nothing after this point runs for the task.
@@ -52,9 +57,9 @@ fired: list[str] = []
 
 def arm(name: str, nth: int = 1, action: str = "raise") -> None:
     """Arm ``name`` to fire on its ``nth`` pass with ``action`` (``raise`` or ``sigkill``)."""
-    if name not in POINTS + OUTSIDE_RUNS:
+    if name not in POINTS + OUTSIDE_RUNS + CHILD_POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: "
-                         f"{', '.join(POINTS + OUTSIDE_RUNS)}")
+                         f"{', '.join(POINTS + OUTSIDE_RUNS + CHILD_POINTS)}")
     if action not in ("raise", "sigkill"):
         raise ValueError(f"unknown failpoint action {action!r}")
     _armed[name] = (nth, action)

@@ -210,6 +210,31 @@ READ_RETRY: Final = InfraPolicy(name="read", attempts_max=None, initial_delay_s=
                                 max_delay_s=1.0)
 """A read that is simply made again (``engine.wait`` polling through an outage); bounded
 by the caller's own timeout."""
+UNAVAILABLE_RETRY_S_DEFAULT: Final = 30.0
+"""How long a call of the public API that is safe to repeat is retried while the database
+is away (``connect(unavailable_retry_s=...)``): longer than a Patroni failover with its
+default ``ttl`` of 30 s and ``loop_wait`` of 10 s usually takes once the leader's node is
+gone (10-30 s), and than a switchover or a restarted postmaster (a few seconds)."""
+
+
+def api_policy(deadline_s: float) -> InfraPolicy:
+    """The retries of a public API call through an outage: no attempt starts after
+    ``deadline_s``, delays grow from 0.1 s to 2 s with full jitter (0: never retried)."""
+    return InfraPolicy(name="api", attempts_max=1 if deadline_s <= 0 else None,
+                       deadline_s=max(deadline_s, 0.0), initial_delay_s=0.1,
+                       multiplier=2.0, max_delay_s=2.0)
+
+
+CONNECT_WAIT_POLICY_NAME: Final = "connect_wait"
+
+
+def connect_wait_policy(deadline_s: float) -> InfraPolicy:
+    """A process waiting for the database at start (``connect(connect_wait_s=...)``, the
+    worker's ``--wait-for-db``): delays grow from 0.2 s to 5 s with full jitter, no
+    attempt starts after ``deadline_s``."""
+    return InfraPolicy(name=CONNECT_WAIT_POLICY_NAME, attempts_max=None,
+                       deadline_s=max(deadline_s, 0.0), initial_delay_s=0.2,
+                       multiplier=2.0, max_delay_s=5.0)
 
 T = TypeVar("T")
 
@@ -229,7 +254,8 @@ async def retrying(
     The last error is raised unchanged when ``retry_if`` refuses it or ``policy`` is
     exhausted (callers translate it: the retried error is theirs to name). ``on_retry``
     hears ``(error, attempt, delay_s)`` before each sleep; ``sleep`` and ``clock`` are the
-    time sources (injected by tests).
+    time sources (injected by tests). A policy with a deadline never sleeps past it: the
+    last attempt starts at the deadline at the latest.
     """
     started = clock()
     attempt = 1
@@ -237,9 +263,12 @@ async def retrying(
         try:
             return await operation()
         except Exception as error:
-            if not retry_if(error) or policy.exhausted(attempt, clock() - started):
+            elapsed = clock() - started
+            if not retry_if(error) or policy.exhausted(attempt, elapsed):
                 raise
             delay = policy.delay_s(attempt, key)
+            if policy.deadline_s is not None:
+                delay = min(delay, max(0.0, policy.deadline_s - elapsed))
             if on_retry is not None:
                 on_retry(error, attempt, delay)
         await sleep(delay)

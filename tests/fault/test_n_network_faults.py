@@ -139,11 +139,11 @@ async def _resolutions(store: Any) -> dict[str, int]:
     async def resolve(*args: Any, **kwargs: Any) -> Any:
         try:
             rows = await original(*args, **kwargs)
+        except AmbiguousCommit:  # A DatabaseUnavailable too: caught first.
+            counts["unreachable"] += 1
+            raise
         except DatabaseUnavailable:
             counts["not_applied"] += 1
-            raise
-        except AmbiguousCommit:
-            counts["unreachable"] += 1
             raise
         counts["committed" if rows else "taken_by_another"] += 1
         return rows

@@ -31,6 +31,9 @@ async def proxied(database_dsn: str, monkeypatch: pytest.MonkeyPatch
     proxy = await FaultProxy.for_dsn(database_dsn).start()
     engine = await connect_engine(proxy.dsn(database_dsn), command_timeout_s=1.0,
                                   pool_size_max=2)
+    # Calls safe to repeat ride an outage for unavailable_retry_s (30 s by default) before
+    # they raise; here the outage lasts the whole test, so they raise after 0.3 s.
+    engine.unavailable_retry_s = 0.3
 
     @engine.agent("away")
     async def away(ctx: Any, args: Any) -> Any:
@@ -48,8 +51,15 @@ async def proxied(database_dsn: str, monkeypatch: pytest.MonkeyPatch
 def _public_calls(engine: Engine, task_id: str
                   ) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
     async def worker_run() -> None:
+        # A worker waits for the database (it is not idle until the database says so):
+        # it is still running after a second of the outage, and stops cleanly.
         worker = engine.worker(concurrency=1, poll_ms=50, sweep_ms=100, heartbeat_ms=100)
-        await worker.run(until_idle=True)
+        running = asyncio.create_task(worker.run(until_idle=True))
+        await asyncio.wait({running}, timeout=1.0)
+        assert not running.done(), "an until_idle worker returned during the outage"
+        assert not worker.database_ready
+        worker.stop()
+        await running
 
     return [
         ("submit", lambda: engine.submit("away", {"n": 2})),

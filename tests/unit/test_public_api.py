@@ -229,7 +229,8 @@ SIGNATURES = {
         "None' = None, development: 'bool | None' = None, tenant: 'str | None' = None, "
         "tasks_max: 'int | None' = None, events_per_task_max: 'int' = 10000000, "
         "llm_spend_max_usd: 'float | None' = None, statement_timeout_ms: 'int' = 30000, "
-        "recovery_attempts_max: 'int' = 20)"
+        "recovery_attempts_max: 'int' = 20, unavailable_retry_s: 'float' = 30.0, "
+        "connect_wait_s: 'float' = 0.0)"
     ),
     'LlmResponse': (
         "(*, content: 'Any' = None, input_tokens: 'int' = 0, output_tokens: 'int' = 0, "
@@ -285,6 +286,12 @@ SIGNATURES = {
     'AgentContext.random': "(self) -> 'float'",
     'AgentContext.set_env': "(self, **values: 'str | None') -> 'None'",
     'AgentContext.sleep': "(self, seconds: 'float') -> 'None'",
+    'AgentContext.child': "(self, task_id: 'str') -> 'ChildHandle'",
+    'AgentContext.gather': "(self, *handles: 'ChildHandle', return_exceptions: 'bool' = False)"
+                           " -> 'list[Any]'",
+    'AgentContext.spawn': "(self, agent: 'str', input: 'Any' = None, *, task_id: 'str | None'"
+                          " = None, budget: 'ev.Budget | None' = None, on_parent_end:"
+                          " 'ParentEndPolicy' = 'cancel') -> 'ChildHandle'",
     'AgentContext.tool': (
         "(self, name: 'str', function: 'Callable[..., Any]', args: 'Any' = None, *, "
         "result_type: 'Any' = None, idempotent: 'bool' = True, retry: 'RetryPolicy' = "

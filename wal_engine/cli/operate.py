@@ -39,6 +39,10 @@ from wal_engine.cli.common import (
 from wal_engine.errors import ConfigurationError, SchemaMismatch
 from wal_engine.runtime.replayer import DeployCheck, ReplayReport, replay_timeout_s_default
 
+WAIT_FOR_DB_S_DEFAULT: Final = 60.0
+"""How long ``wal-engine worker`` waits for a database that is away at start: a worker
+started with (or before) its database, or during a failover, comes up with it instead of
+exiting (a Patroni failover takes 10-30 s)."""
 BENCHMARK_SUITE: Final = "benchmarks.suite"
 """The side-by-side suite (``python -m benchmarks``), at the repository root, not in the wheel."""
 
@@ -80,6 +84,13 @@ BENCHMARK_SUITE: Final = "benchmarks.suite"
               help="Serve Prometheus metrics on this port (needs the metrics extra).")
 @click.option("--metrics-addr", default="0.0.0.0", show_default=True,
               help="Address the metrics server binds.")
+@click.option("--wait-for-db", "wait_for_db_s", type=click.FloatRange(0),
+              default=WAIT_FOR_DB_S_DEFAULT, envvar="WAL_ENGINE_WAIT_FOR_DB",
+              metavar="SECONDS", show_default=True,
+              help="Wait up to SECONDS for a database that is away at start (refused, "
+                   "unanswered, starting up, failing over), with bounded backoff, logging "
+                   "database_waiting, then database_ready; past it, exit 4. A wrong "
+                   "password or database name exits 4 at once. 0: no wait.")
 @dsn_option
 @development_option
 def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_ms: int | None,
@@ -87,7 +98,7 @@ def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_
            drain_timeout_s: float | None, recovery_attempts_max: int | None,
            sync_threads: int | None, stall_warn_ms: int | None, stall_abandon_ms: int | None,
            until_idle: bool, metrics_port: int | None, metrics_addr: str,
-           dsn: str | None) -> None:
+           wait_for_db_s: float, dsn: str | None) -> None:
     """Run a worker for the agents of MODULE:ATTR until SIGTERM (then hand tasks back)."""
     timings = {name: value for name, value in (("lease_ttl_ms", lease_ttl_ms),
                                                ("heartbeat_ms", heartbeat_ms),
@@ -97,8 +108,10 @@ def worker(agents_spec: str, concurrency: int, worker_id: str | None, lease_ttl_
                                                ("stall_warn_ms", stall_warn_ms),
                                                ("stall_abandon_ms", stall_abandon_ms))
                if value is not None}
-    engine_options = ({} if recovery_attempts_max is None
-                      else {"recovery_attempts_max": recovery_attempts_max})
+    engine_options: dict[str, Any] = ({} if recovery_attempts_max is None
+                                      else {"recovery_attempts_max": recovery_attempts_max})
+    if wait_for_db_s > 0:
+        engine_options["connect_wait_s"] = wait_for_db_s
     run(_worker(agents_spec, concurrency, worker_id, timings, until_idle, metrics_port,
                 metrics_addr, dsn, engine_options), dsn=dsn, log_level="info")
 

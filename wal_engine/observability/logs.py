@@ -22,6 +22,7 @@ whether the output is JSON is decided by whether that stream is a terminal.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import sys
@@ -155,6 +156,7 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     _configured = True
+    capture_driver_logs(force=True)
 
 
 def reset_logging() -> None:
@@ -237,3 +239,65 @@ class LibraryLogger:
 def get_logger(name: str) -> LibraryLogger:
     """The logger for the library module ``name``."""
     return LibraryLogger(name)
+
+
+# ------------------------------------------------------------------ the driver's logger
+
+DRIVER_LOGGER: Final = "asyncpg"
+DRIVER_EVENTS: Final = {
+    "Failed to restore the pool connection floor; retrying": "pool_reconnect_failed",
+}
+"""Lines of asyncpg's own logger that have an event name of their own; any other line is
+``driver_log`` with its message."""
+_PY_LEVELS: Final = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning",
+                     logging.ERROR: "error", logging.CRITICAL: "critical"}
+
+
+class DriverLogBridge(logging.Handler):
+    """Turns a line of asyncpg's standard-library logger into one structured record of the
+    library's loggers: its exception as one ``error`` field (type and message), never the
+    multi-line traceback Python's last-resort handler would print to standard error (asyncpg
+    logs one each time its pool fails to reconnect while the database is away)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            template = record.msg if isinstance(record.msg, str) else str(record.msg)
+            event = DRIVER_EVENTS.get(template, "driver_log")
+            values: dict[str, Any] = {"logger": record.name}
+            if event == "driver_log":
+                values["message"] = _one_line(record.getMessage())
+            if record.exc_info and record.exc_info[1] is not None:
+                error = record.exc_info[1]
+                values["error"] = _one_line(f"{type(error).__name__}: {error}")
+                cause = error.__cause__ or error.__context__
+                if cause is not None:
+                    values["cause"] = _one_line(f"{type(cause).__name__}: {cause}")
+            level = _PY_LEVELS.get(record.levelno, "warning")
+            # In an empty context: the pool's maintenance runs in a copy of the context of
+            # the task run that happened to start it, whose task_id is not this line's.
+            contextvars.Context().run(getattr(get_logger(record.name), level), event,
+                                      **values)
+        except Exception:  # A log line must never break the driver.
+            self.handleError(record)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def capture_driver_logs(*, force: bool = False) -> bool:
+    """Route asyncpg's logger through :class:`DriverLogBridge` (once per process).
+
+    Entry points (:func:`configure_logging`) always do. The library does it when it opens a
+    pool (``force`` false) only if the application configured no standard-library logging
+    of its own (no handler on the root logger or on ``asyncpg``): its lines would otherwise
+    reach Python's last-resort handler as multi-line tracebacks. Returns whether the bridge
+    is in place."""
+    driver = logging.getLogger(DRIVER_LOGGER)
+    if any(isinstance(handler, DriverLogBridge) for handler in driver.handlers):
+        return True
+    if not force and (driver.handlers or logging.getLogger().handlers):
+        return False
+    driver.addHandler(DriverLogBridge())
+    driver.propagate = False
+    return True

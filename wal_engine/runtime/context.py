@@ -28,6 +28,18 @@ from wal_engine.errors import SignalTimeout as SignalTimeout
 from wal_engine.errors import ToolError as ToolError
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
 from wal_engine.runtime.calls import CallDriver, LlmSpec, ToolSpec, decide_approval
+from wal_engine.runtime.children import (
+    CHILD_VALUE_PREFIX,
+    SPAWN_VALUE_PREFIX,
+    ChildHandle,
+    ParentEndPolicy,
+    check_spawn,
+    child_outcome,
+    gather,
+    handle_of,
+    outcome_value,
+    start_child,
+)
 from wal_engine.runtime.control import (
     INTERNAL_PREFIX,
     Suspended,
@@ -367,6 +379,79 @@ class AgentContext:
         timeout_ms = None if timeout_s is None else max(0, round(timeout_s * 1000))
         # As the sender stores it (engine.signal redacts names too), so that they meet.
         return await wait_signal(self._run, self._run.redact_name(name), timeout_ms)
+
+    # ------------------------------------------------------------------ child tasks
+
+    async def spawn(self, agent: str, input: Any = None, *, task_id: str | None = None,
+                    budget: ev.Budget | None = None,
+                    on_parent_end: ParentEndPolicy = "cancel") -> ChildHandle:
+        """Start a child task of agent ``agent`` and return its handle (journaled: a re-run
+        gets the same child back, and no re-run or crash creates a second one).
+
+        Args:
+            agent: A registered agent's name.
+            input: Its input, validated against the agent's input type.
+            task_id: The child's id; by default ``<this task>:child:<call id>``.
+            budget: The child's own budget.
+            on_parent_end: What happens to the child, still running, when this task ends
+                (completed, failed or cancelled): ``"cancel"`` it, or ``"abandon"`` it
+                (it runs on, awaited by nobody).
+
+        Raises:
+            UnknownAgent: no agent of that name is registered.
+            InvalidInput: a bad input or policy (nothing is written).
+            TaskCycle: ``task_id`` is this task or one of its ancestors.
+            TaskAlreadyExists: ``task_id`` is another task's.
+        """
+        run = self._run
+        assert run.journal is not None
+        name = f"{SPAWN_VALUE_PREFIX}{agent}"
+        if run.journal.remaining or run.journal.closed:
+            # A recorded spawn (a value is recorded whole, or not at all): answered from
+            # the log, nothing is checked or created. A finished history records nothing
+            # more: the journal says so.
+            outcome = await self._next(CallKind.VALUE, name, "")
+            assert isinstance(outcome, Recorded)
+            return self._handle(str(outcome.result["task_id"]))
+        # Checked before the journal moves: a refused spawn leaves no trace, in the log or
+        # in the order of the calls that follow.
+        plain, version = await check_spawn(run, agent, input, task_id, on_parent_end)
+        outcome = await self._next(CallKind.VALUE, name, "")
+        assert isinstance(outcome, Fresh)
+        child = await start_child(run, outcome.call_id, agent, plain, task_id=task_id,
+                                  budget=budget, version=version, on_parent_end=on_parent_end)
+        return self._handle(child)
+
+    async def child(self, task_id: str) -> ChildHandle:
+        """The handle of a child this task spawned earlier, by its id.
+
+        Raises:
+            UnknownTask: no such task in this tenant (another tenant's is invisible).
+            TaskCycle: ``task_id`` is this task or one of its ancestors.
+            NotAChild: ``task_id`` is not a child of this task.
+        """
+        return self._handle(await handle_of(self._run, task_id))
+
+    async def gather(self, *handles: ChildHandle, return_exceptions: bool = False) -> list[Any]:
+        """The results of the children ``handles``, in order (fan-out/fan-in). The task
+        waits durably while any runs. A failed child raises :class:`ChildTaskFailed`, or,
+        with ``return_exceptions``, takes its place in the list."""
+        return await gather(handles, return_exceptions=return_exceptions)
+
+    def _handle(self, task_id: str) -> ChildHandle:
+        return ChildHandle(self._run, task_id, self._child_result)
+
+    async def _child_result(self, child: str) -> Any:
+        outcome = await self._next(CallKind.VALUE, f"{CHILD_VALUE_PREFIX}{child}", "")
+        if isinstance(outcome, Recorded):
+            return outcome_value(outcome.result)
+        assert isinstance(outcome, Fresh)
+        value = await child_outcome(self._run, child)
+        await self._run.append([ev.ValueRecorded(
+            call_id=outcome.call_id, kind=f"{CHILD_VALUE_PREFIX}{child}", value=value)])
+        recorded = self._run.last_appended[-1]
+        assert isinstance(recorded, ev.ValueRecorded)
+        return outcome_value(recorded.value)
 
     # ------------------------------------------------------------------ versions
 

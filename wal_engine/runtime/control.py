@@ -25,6 +25,9 @@ RECONCILE_SIGNAL_PREFIX: Final = f"{INTERNAL_PREFIX}reconcile:"
 """The signal ``engine.reconcile`` sends for an escalated call (then its call id)."""
 RETRY_TIMER_PREFIX: Final = f"{INTERNAL_PREFIX}retry:"
 """The durable timer of a long retry backoff (then ``<call id>:<attempt>``)."""
+CHILD_SIGNAL_PREFIX: Final = f"{INTERNAL_PREFIX}child:"
+"""The signal a child task's ending puts in its parent's inbox (then the child's id; sent
+by the database, schema.sql's wal_task_ended)."""
 
 
 def approval_signal(call_id: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -51,6 +51,9 @@ class RunServices:
     """The NOTIFY payload of this tenant's wake-ups."""
     clock: Clock
     random: RandomSource
+    agents: Mapping[str, Any] = field(default_factory=dict)
+    """The engine's registered agents by name (``AgentDefinition``: input type, version):
+    ``ctx.spawn`` validates a child's agent and input against them."""
 
 
 class AgentSpec(Protocol):

@@ -69,6 +69,7 @@ from wal_engine.store.connection import (
     CONNECTION_ERRORS,
     UNAVAILABLE_ERRORS,
     connect_once,
+    is_outage,
     is_unavailable,
 )
 from wal_engine.store.queues import queue_rows_max, queue_stats, running_by_queue
@@ -191,6 +192,12 @@ class Worker:
         self.claimed = 0
         self.queue_of: dict[str, str] = {}
         """The queue of each task this worker claimed (for the per-worker limits)."""
+        self.database_ready = False
+        """Whether a claim statement has been answered since the start (a worker started
+        during an outage waits for the database: ``worker_database_ready``)."""
+        self._outage_since: float | None = None
+        """Monotonic start of the outage the claim loop is waiting out, if any."""
+        self._started_at = time.monotonic()
         self.registration_every_s = refresh_every_s_default
         self._live_tasks_due = 0.0
         self.keeper = LeaseKeeper(
@@ -239,6 +246,7 @@ class Worker:
         self.executor = SyncPool(
             max_workers=self.config.sync_threads or self.config.concurrency + 4,
             thread_name_prefix=f"wal-engine-sync-{self.worker_id}")
+        self._started_at = time.monotonic()
         self.keeper.start()
         await self._register()
         loops = [
@@ -318,12 +326,14 @@ class Worker:
         while not self.draining:
             self._wake.clear()
             free = self.config.concurrency - len(self.runs)
-            claimed = 0
+            claimed: int | None = 0
             if free > 0:
                 claimed = await self._guarded(functools.partial(self._claim, free))
+            # Idle only when the database said so: a worker started during an outage (or
+            # caught by one) waits for it rather than returning as if there were no work.
             if until_idle and claimed == 0 and not self.runs:
                 return
-            if claimed == free and free > 0:
+            if claimed is not None and claimed == free and free > 0:
                 continue  # There may be more due work: claim again at once.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), poll_s)
@@ -366,6 +376,13 @@ class Worker:
             # The worker 'died' for this task: no cleanup write; its lease will expire.
             run.log.warning("simulated_crash", point=str(crash))
             run.leased = False
+        except UNAVAILABLE_ERRORS as error:
+            # The database went away where the run could not wait for it (its lease no
+            # longer trusted, a hand-back that did not land): an outage, not a crash of
+            # the run. The task is the next owner's once its lease expires.
+            run.log.warning("task_run_lost_connection", error=_error_text(error),
+                            reason="the database is unavailable; the task is left to its "
+                                   "lease")
         except Exception:
             run.log.exception("task_run_crashed")
         finally:
@@ -373,19 +390,44 @@ class Worker:
             self.keeper.drop(run.task_id)
             self._wake.set()
 
-    async def _guarded(self, work: Callable[[], Awaitable[int]]) -> int:
+    async def _guarded(self, work: Callable[[], Awaitable[int]]) -> int | None:
         """Run one statement of a loop, a few times (CLAIM_RETRY); a database outage is
-        then left to the loop's next poll, not fatal."""
+        then left to the loop's next poll, not fatal (None: the database did not answer)."""
         try:
-            return await retrying(CLAIM_RETRY, work, retry_if=_outage, key=self.worker_id,
-                                  on_retry=self._statement_failed)
+            result = await retrying(CLAIM_RETRY, work, retry_if=_outage, key=self.worker_id,
+                                    on_retry=self._statement_failed)
         except (*UNAVAILABLE_ERRORS, DatabaseError) as error:
             self._statement_failed(error, CLAIM_RETRY.attempts_max or 1, 0.0)
-            return 0
+            return None
+        self._database_answered()
+        return result
 
     def _statement_failed(self, error: BaseException, attempt: int, delay_s: float) -> None:
-        self.log.warning("worker_statement_failed", error=repr(error), attempt=attempt,
-                         delay_s=round(delay_s, 3))
+        """One failed claim statement: the first of an outage is a warning (what it is),
+        the others while it lasts are debug lines (not one warning per poll)."""
+        if not is_outage(error):  # A refusal (a revoked privilege): each one a warning.
+            self.log.warning("worker_statement_failed", error=repr(error), attempt=attempt,
+                             delay_s=round(delay_s, 3))
+            return
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self.log.warning("worker_database_unavailable", error=_error_text(error),
+                             running=len(self.runs), ready=self.database_ready)
+        self.log.debug("worker_statement_failed", error=repr(error), attempt=attempt,
+                       delay_s=round(delay_s, 3))
+
+    def _database_answered(self) -> None:
+        """A claim statement was answered: the first one (``worker_database_ready``), or
+        the first after an outage (``worker_database_back``)."""
+        now = time.monotonic()
+        if not self.database_ready:
+            self.database_ready = True
+            self.log.info("worker_database_ready", waited_s=round(now - self._started_at, 3),
+                          dsn=self.services.database.dsn_redacted)
+        elif self._outage_since is not None:
+            self.log.info("worker_database_back", outage_s=round(now - self._outage_since, 3),
+                          running=len(self.runs))
+        self._outage_since = None
 
     # ------------------------------------------------------------------ leases
 
@@ -512,6 +554,15 @@ async def _cancel_until_done(tasks: Iterable[asyncio.Task[Any]]) -> None:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=cancel_again_after_s)
         rounds += 1
+
+
+def _error_text(error: BaseException) -> str:
+    """``error`` as one line: its type and message, and its cause's."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__
+    if cause is not None and type(cause).__name__ not in text:
+        text += f" (from {type(cause).__name__}: {cause})"
+    return " ".join(text.split())
 
 
 def _outage(error: BaseException) -> bool:

@@ -29,10 +29,11 @@ from wal_engine.errors import (
     WalError,
 )
 from wal_engine.ids import DEFAULT_TENANT, validate_tenant
-from wal_engine.observability.logs import get_logger
+from wal_engine.observability.logs import capture_driver_logs, get_logger
 from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
 from wal_engine.store import queries, sqlstate
+from wal_engine.store.hosts import connect_any
 
 log = get_logger(__name__)
 
@@ -70,6 +71,34 @@ never the agent's or the caller's failure."""
 def is_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database is away (``retry_if`` of the retry helper)."""
     return isinstance(error, UNAVAILABLE_ERRORS)
+
+
+_REFUSED_LOGINS: Final = (asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+                          asyncpg.exceptions.InvalidCatalogNameError)
+"""A wrong password, a role or database that does not exist: DatabaseUnavailable too, but
+no outage that waiting ends."""
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether ``error`` says the database is away for now (refused, lost, unanswered,
+    starting up, in recovery, failing over), so that waiting may end it: :func:`is_unavailable`
+    less a login the server refused (a wrong password or database name)."""
+    return is_unavailable(error) and not isinstance(error.__cause__, _REFUSED_LOGINS)
+
+
+def drop_if_stuck(connection: Any, error: BaseException) -> bool:
+    """Terminate a pooled ``connection`` that ``error`` left unusable, so that the pool
+    opens a new one instead of handing it out again; True when nothing of the statement was
+    sent. asyncpg raises ``InternalClientError`` ("cannot switch to state 12; another
+    operation (2) is in progress") before sending anything when the server ended the
+    session (``pg_terminate_backend``, a failover, a restart) while the connection was idle
+    or between two statements: its protocol stays in that state until it is closed."""
+    if not isinstance(error, asyncpg.exceptions.InternalClientError):
+        return False
+    with contextlib.suppress(Exception):
+        connection.terminate()
+    text = str(error)
+    return text.startswith("cannot switch to state") or text == "not connected"
 
 
 async def resolve_dsn(dsn: str | None = None) -> str:
@@ -149,8 +178,8 @@ async def connect_once(dsn: str, settings: Mapping[str, str] | None = None
     """One connection outside any pool (a dedicated session: sweep, LISTEN, renewals);
     every failure to open it is :class:`DatabaseUnavailable`."""
     try:
-        return await asyncpg.connect(dsn, timeout=limits.connect_timeout_s,
-                                     server_settings=None if settings is None else dict(settings))
+        return await connect_any(dsn, timeout=limits.connect_timeout_s,
+                                 server_settings=None if settings is None else dict(settings))
     except Exception as error:
         raise connect_failure(dsn, error) from error
 
@@ -299,6 +328,7 @@ class Database:
         able to take the owner's rights would see nothing and is refused. Only a role that
         could take the owner's rights migrates; ``tasks_max`` caps the tenant's tasks.
         """
+        capture_driver_logs()
         requested = requested_tenant(tenant)
         if tasks_max is not None and tasks_max < 0:
             raise ConfigurationError("tasks_max must be >= 0")
@@ -332,6 +362,7 @@ class Database:
         try:
             pool = await asyncpg.create_pool(
                 resolved,
+                connect=connect_any,  # Each host of a multi-host DSN on its own timeout.
                 min_size=min_size,
                 max_size=max_size,
                 timeout=limits.connect_timeout_s,
@@ -396,7 +427,11 @@ class Database:
                     await own.close()
             async with self.pool.acquire() as pooled:
                 sent = True
-                return list(await pooled.fetch(query, *args))
+                try:
+                    return list(await pooled.fetch(query, *args))
+                except asyncpg.exceptions.InternalClientError as stuck:
+                    sent = not drop_if_stuck(pooled, stuck)
+                    raise
         except Exception as error:
             translated = self.translate(error, task_id, sent=sent)
             if translated is error:
@@ -432,7 +467,11 @@ class Database:
         try:
             async with self.pool.acquire() as connection:
                 sent = True
-                yield connection
+                try:
+                    yield connection
+                except asyncpg.exceptions.InternalClientError as stuck:
+                    drop_if_stuck(connection, stuck)
+                    raise
         except Exception as error:
             translated = self.translate(error, task_id, sent=sent)
             if translated is error:

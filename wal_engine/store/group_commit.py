@@ -118,7 +118,17 @@ class GroupCommitter:
         if connection is not None:
             return connection
         await self._drop_connection()  # Give the pool its slot back, then take another.
-        self._connection = await self.store.database.pool.acquire()
+        database = self.store.database
+        try:
+            self._connection = await database.pool.acquire()
+        except Exception as error:
+            # Refused or unanswered before anything was sent: the engine's error, so that
+            # a run records and logs what it is (ConnectionLost, sent=False), not the
+            # socket's.
+            translated = database.translate(error, sent=False)
+            if translated is error:
+                raise
+            raise translated from error
         return self._connection
 
     async def _drop_connection(self) -> None:

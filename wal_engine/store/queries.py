@@ -476,6 +476,18 @@ SELECT digest, ordinal, data FROM wal_blobs
 """
 
 
+# Child tasks (issue 24): the policy of a child just created in the same transaction, and
+# what a parent needs of a task it spawned or asks a handle of.
+SET_ON_PARENT_END: Final = """
+UPDATE wal_tasks SET on_parent_end = $2
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+"""
+
+READ_CHILD: Final = """
+SELECT task_id, agent, status, parent_task_id, parent_seq FROM wal_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+"""
+
 # ---------------------------------------------------------------- queues (issue 24)
 
 SET_QUEUE: Final = "SELECT * FROM wal_set_queue($1, $2, $3, $4::text[], $5)"

@@ -252,6 +252,31 @@ class Store:
             raise TaskAlreadyExists(task_id)
         return await self.read_head(task_id), False
 
+    async def create_child_task(self, task_id: str, agent: str, *, parent_task_id: str,
+                                input: Any, budget: vocabulary.Budget | None,
+                                agent_version: str | None, on_parent_end: str) -> bool:
+        """Create a QUEUED child of ``parent_task_id`` (its row names the parent, with no
+        fork seq) and its policy ``on_parent_end``, in one transaction; whether it was
+        created. Idempotent as :meth:`create_task`: the same child submitted again (a
+        parent re-running its spawn after a crash) returns False.
+
+        Raises:
+            TaskAlreadyExists: a different task holds the id.
+        """
+        async with self.database.acquire(task_id) as connection, connection.transaction():
+            created, payload = await self._insert_task(
+                task_id, agent, input=input, budget=budget, parent_task_id=parent_task_id,
+                parent_seq=None, agent_version=agent_version, placement=Placement(),
+                connection=connection)
+            if created:
+                await self.database.fetch(queries.SET_ON_PARENT_END, task_id, on_parent_end,
+                                          task_id=task_id, connection=connection)
+                return True
+        first = await self.read_events(task_id, from_seq=1, to_seq=1)
+        if not first or first[0].payload != payload:
+            raise TaskAlreadyExists(task_id)
+        return False
+
     async def insert_task(self, task_id: str, agent: str, *, input: Any = None,
                           connection: asyncpg.Connection) -> bool:
         """Create a QUEUED task as :meth:`create_task` does, inside the caller's transaction
