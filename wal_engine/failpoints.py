@@ -36,6 +36,12 @@ OUTSIDE_RUNS: Final = (
 )
 """Points outside any task run: a schedule's tick written, not yet committed."""
 
+LIMITER_POINTS: Final = (
+    "after_limiter_grant",
+)
+"""A call's limiter grant committed, its intent not yet written (calls with ``limiter=``
+only, so not among :data:`POINTS`, which every crash test arms in turn)."""
+
 
 class SimulatedCrash(BaseException):
     """The worker 'died' here: nothing after this point runs for the task.
@@ -52,9 +58,9 @@ fired: list[str] = []
 
 def arm(name: str, nth: int = 1, action: str = "raise") -> None:
     """Arm ``name`` to fire on its ``nth`` pass with ``action`` (``raise`` or ``sigkill``)."""
-    if name not in POINTS + OUTSIDE_RUNS:
+    if name not in POINTS + OUTSIDE_RUNS + LIMITER_POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: "
-                         f"{', '.join(POINTS + OUTSIDE_RUNS)}")
+                         f"{', '.join(POINTS + OUTSIDE_RUNS + LIMITER_POINTS)}")
     if action not in ("raise", "sigkill"):
         raise ValueError(f"unknown failpoint action {action!r}")
     _armed[name] = (nth, action)

@@ -8,8 +8,8 @@ tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands t
 provisions tenants' login roles on an administrator's DSN. ``schedule
 add|list|pause|resume|delete`` manages cron and interval schedules; ``limiters`` lists
 the rate limiters and their state, ``limiter set|delete`` defines them. ``bench`` hands
-its arguments to the benchmark suite (``python -m benchmarks``). Errors are one line on standard error
-with the exit codes listed in :mod:`wal_engine.cli.common`.
+its arguments to the benchmark suite (``python -m benchmarks``). Errors are one line on
+standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations

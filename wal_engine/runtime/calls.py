@@ -268,6 +268,7 @@ class CallDriver:
         await acquire(self.run, limit, call_id, attempt, grant_key,
                       durable_after_s=self.spec.retry.durable_after_s)
         self.grant_key = grant_key
+        failpoints.hit("after_limiter_grant")
 
     async def _rate_limited(self, error: Exception) -> None:
         """A 429 under a limiter: block it for every worker until Retry-After; the refused
