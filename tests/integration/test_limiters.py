@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.integration.test_cli_agents import cli, lines, one_error_line
 from tests.integration.tenant_roles import TenantRoles
+from tests.integration.test_cli_agents import cli, lines, one_error_line
 from wal_engine.engine import Engine, connect
 from wal_engine.errors import InvalidLimiter, RateLimited, UnknownLimiter
 from wal_engine.retries import RetryPolicy
