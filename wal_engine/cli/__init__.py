@@ -6,9 +6,10 @@ then lets a superuser through); ``wal-engine --tenant T <command>`` works on ten
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
 ``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
 provisions tenants' login roles on an administrator's DSN. ``schedule
-add|list|pause|resume|delete`` manages cron and interval schedules. ``bench`` hands its arguments
-to the benchmark suite (``python -m benchmarks``). Errors are one line on standard error
-with the exit codes listed in :mod:`wal_engine.cli.common`.
+add|list|pause|resume|delete`` manages cron and interval schedules; ``limiters`` lists
+the rate limiters and their state, ``limiter set|delete`` defines them. ``bench`` hands
+its arguments to the benchmark suite (``python -m benchmarks``). Errors are one line on
+standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
 from wal_engine.cli.embedded import embedded
 from wal_engine.cli.gateway import gateway
+from wal_engine.cli.limiters import limiter, limiters
 from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
 from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
@@ -42,7 +44,7 @@ def main(tenant: str | None) -> None:
 
 for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
-                gateway, embedded, pending, reconcile, timer, schedule):
+                gateway, embedded, pending, reconcile, timer, schedule, limiters, limiter):
     main.add_command(command)
 
 __all__ = ["main"]
