@@ -35,6 +35,8 @@
 -- wal_schedules       cron and interval schedules: each tick submits one task (section
 --                     "schedules", at the end).
 -- wal_queues, wal_queue_changes  queues' limits and their audit (the "queues" section).
+-- wal_limiters, wal_limiter_reservations  named rate limits shared by a tenant's workers
+--                     and what they granted (section "limiters", at the end).
 --
 -- Tenancy
 -- -------
@@ -82,6 +84,7 @@
 --   WE003 head moved backwards / after a terminal status
 --   WE004 unknown task
 --   WE005 a tenant's cap on its number of tasks is reached (DETAIL = the cap)
+--   WE240 unknown limiter (DETAIL = its name)
 
 CREATE TABLE IF NOT EXISTS wal_schema_version (
     version    integer PRIMARY KEY,
@@ -1283,7 +1286,7 @@ INSERT INTO wal_schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
 -- ============================================================ end of large values (version 3)
 
 -- ======================================================================= queues (issue 24)
--- Flow control (docs/architecture.md, decision 65). A task is submitted to a named queue
+-- Flow control (docs/architecture.md, decision 66). A task is submitted to a named queue
 -- ('default' unless given); the claim (wal_claim_tasks, above) enforces the queue's limits.
 -- wal_queues         one row per configured queue of a tenant: its global concurrency limit
 --                    (leased tasks across every worker and host) and per-worker limit, NULL
@@ -1640,3 +1643,210 @@ CREATE TRIGGER wal_task_ended AFTER UPDATE OF status ON wal_tasks
     WHEN (NEW.status IN ('COMPLETED', 'FAILED') AND OLD.status NOT IN ('COMPLETED', 'FAILED'))
     EXECUTE FUNCTION wal_task_ended();
 -- ======================================================== end of child tasks (issue 24)
+
+-- ============================================================= limiters (issue 24)
+-- wal_limiters: named rate limits shared by every worker of a tenant, in requests per
+-- period and/or tokens per period (tokens: the recorded input, output, or both, of an
+-- LLM call). blocked_until is set by a provider's 429 with Retry-After: no grant before it.
+-- wal_limiter_reservations: what a limiter has granted, one row per attempt of a call,
+-- keyed by (task, call key): the call key is <call id>:<attempt> for an attempt whose
+-- intent is not yet in the log, so a re-run that reaches the same attempt again finds its
+-- grant made (no second count); an attempt sent again after a crash left it in doubt is
+-- keyed by the new lease epoch too, since the provider may see it twice. tokens holds the
+-- estimate until wal_limiter_settle replaces it with the usage the log recorded.
+--
+-- The window slides: a grant at t counts until t + period_s. wal_limiter_reserve locks the
+-- limiter's row (grants of one limiter are serialised), prunes grants older than the
+-- window, and either inserts the grant or returns how long until enough capacity leaves
+-- the window: one statement, one round trip. A crashed worker's grants stay counted
+-- until their window passes (the provider may have seen the call).
+--
+-- Runtime roles: SELECT, INSERT and UPDATE of the definition columns of wal_limiters (a
+-- limiter is defined by engine.limiter); SELECT on the reservations. Grants, settlements,
+-- blocks and deletions go through the SECURITY DEFINER functions below (security.sql).
+-- Row security is the log's: the tenant of the login role, else wal_trusted_tenant().
+-- SQLSTATE WE240: unknown limiter (DETAIL = its name).
+CREATE TABLE IF NOT EXISTS wal_limiters (
+    tenant              text NOT NULL DEFAULT current_setting('wal.tenant'),
+    name                text NOT NULL CHECK (name ~ '^[A-Za-z0-9_.:/-]{1,100}$'),
+    requests_per_period bigint CHECK (requests_per_period > 0),
+    tokens_per_period   bigint CHECK (tokens_per_period > 0),
+    token_kind          text NOT NULL DEFAULT 'both'
+                        CHECK (token_kind IN ('input', 'output', 'both')),
+    period_s            double precision NOT NULL CHECK (period_s > 0 AND period_s <= 86400),
+    blocked_until       timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT wal_limiters_pkey PRIMARY KEY (tenant, name),
+    CONSTRAINT wal_limiters_some_limit
+        CHECK (requests_per_period IS NOT NULL OR tokens_per_period IS NOT NULL)
+);
+CREATE TABLE IF NOT EXISTS wal_limiter_reservations (
+    tenant      text NOT NULL DEFAULT current_setting('wal.tenant'),
+    name        text NOT NULL,
+    task_id     text NOT NULL,
+    call_key    text NOT NULL,
+    tokens      bigint NOT NULL CHECK (tokens >= 0),
+    settled     boolean NOT NULL DEFAULT false,
+    reserved_at timestamptz NOT NULL,
+    CONSTRAINT wal_limiter_reservations_pkey PRIMARY KEY (tenant, name, task_id, call_key),
+    CONSTRAINT wal_limiter_reservations_limiter FOREIGN KEY (tenant, name)
+        REFERENCES wal_limiters (tenant, name) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS wal_limiter_reservations_window
+    ON wal_limiter_reservations (tenant, name, reserved_at);
+DO $limiter_rls$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['wal_limiters', 'wal_limiter_reservations'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', t);
+        EXECUTE format($p$CREATE POLICY wal_tenant_isolation ON %I
+            USING (tenant = (SELECT coalesce(
+                (SELECT m.tenant FROM wal_tenant_roles m
+                  WHERE m.role_name = session_user AND m.enabled),
+                wal_trusted_tenant())))
+            WITH CHECK (tenant = (SELECT coalesce(
+                (SELECT m.tenant FROM wal_tenant_roles m
+                  WHERE m.role_name = session_user AND m.enabled),
+                wal_trusted_tenant())))$p$, t);
+    END LOOP;
+END
+$limiter_rls$;
+
+-- Grant one attempt of a call p_tokens tokens (0 for a limiter of requests only) under
+-- p_name, or say how long to wait (granted false, wait_ms > 0). A grant already made
+-- under (p_task_id, p_call_key) is granted again without a second count.
+CREATE OR REPLACE FUNCTION wal_limiter_reserve(p_name text, p_task_id text, p_call_key text,
+                                               p_tokens bigint)
+RETURNS TABLE (granted boolean, wait_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    lim record;
+    t timestamptz;
+    used_requests bigint;
+    used_tokens bigint;
+    leaves timestamptz;
+    wait_until timestamptz;
+BEGIN
+    IF p_tokens IS NULL OR p_tokens < 0 THEN
+        RAISE EXCEPTION 'a reservation''s tokens must be 0 or more' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO lim FROM wal_limiters
+     WHERE tenant = my_tenant AND name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown limiter %', p_name USING ERRCODE = 'WE240', DETAIL = p_name;
+    END IF;
+    IF lim.tokens_per_period IS NOT NULL AND p_tokens > lim.tokens_per_period THEN
+        RAISE EXCEPTION 'an estimate of % tokens exceeds limiter %''s limit of % tokens',
+                        p_tokens, p_name, lim.tokens_per_period USING ERRCODE = '22023';
+    END IF;
+    -- Read after the row lock: a grant committed while this call waited for it is older.
+    t := clock_timestamp();
+    PERFORM 1 FROM wal_limiter_reservations r
+     WHERE r.tenant = my_tenant AND r.name = p_name AND r.task_id = p_task_id
+       AND r.call_key = p_call_key AND r.reserved_at > t - make_interval(secs => lim.period_s);
+    IF FOUND THEN
+        RETURN QUERY SELECT true, 0::bigint;
+        RETURN;
+    END IF;
+    IF lim.blocked_until IS NOT NULL AND lim.blocked_until > t THEN
+        RETURN QUERY SELECT false,
+            greatest(1, ceil(extract(epoch FROM lim.blocked_until - t) * 1000))::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM wal_limiter_reservations r
+     WHERE r.tenant = my_tenant AND r.name = p_name
+       AND r.reserved_at <= t - make_interval(secs => lim.period_s);
+    SELECT count(*), coalesce(sum(r.tokens), 0) INTO used_requests, used_tokens
+      FROM wal_limiter_reservations r WHERE r.tenant = my_tenant AND r.name = p_name;
+    wait_until := NULL;
+    IF lim.requests_per_period IS NOT NULL AND used_requests + 1 > lim.requests_per_period THEN
+        -- The (used - limit + 1)-th oldest grant must leave the window first.
+        SELECT r.reserved_at INTO leaves FROM wal_limiter_reservations r
+         WHERE r.tenant = my_tenant AND r.name = p_name
+         ORDER BY r.reserved_at, r.task_id, r.call_key
+         OFFSET used_requests - lim.requests_per_period LIMIT 1;
+        wait_until := leaves + make_interval(secs => lim.period_s);
+    END IF;
+    IF lim.tokens_per_period IS NOT NULL AND used_tokens + p_tokens > lim.tokens_per_period THEN
+        -- The oldest grants whose tokens, leaving, make room for p_tokens.
+        SELECT w.reserved_at INTO leaves FROM (
+            SELECT r.reserved_at, sum(r.tokens) OVER (
+                       ORDER BY r.reserved_at, r.task_id, r.call_key
+                       ROWS UNBOUNDED PRECEDING) AS freed
+              FROM wal_limiter_reservations r
+             WHERE r.tenant = my_tenant AND r.name = p_name) w
+         WHERE w.freed >= used_tokens + p_tokens - lim.tokens_per_period
+         ORDER BY w.reserved_at LIMIT 1;
+        wait_until := greatest(wait_until, leaves + make_interval(secs => lim.period_s));
+    END IF;
+    IF wait_until IS NOT NULL THEN
+        RETURN QUERY SELECT false,
+            greatest(1, ceil(extract(epoch FROM wait_until - t) * 1000))::bigint;
+        RETURN;
+    END IF;
+    INSERT INTO wal_limiter_reservations (tenant, name, task_id, call_key, tokens, reserved_at)
+    VALUES (my_tenant, p_name, p_task_id, p_call_key, p_tokens, t);
+    RETURN QUERY SELECT true, 0::bigint;
+END;
+$$;
+
+-- Replace a grant's estimate with the usage the log recorded for it: the input, output or
+-- both tokens, as the limiter counts (idempotent; a grant already out of the window is
+-- gone, and nothing is left to settle).
+CREATE OR REPLACE FUNCTION wal_limiter_settle(p_name text, p_task_id text, p_call_key text,
+                                              p_input bigint, p_output bigint)
+RETURNS boolean
+LANGUAGE sql AS $$
+WITH settled AS (
+    UPDATE wal_limiter_reservations r
+       SET tokens = CASE l.token_kind WHEN 'input' THEN p_input
+                                      WHEN 'output' THEN p_output
+                                      ELSE p_input + p_output END,
+           settled = true
+      FROM wal_limiters l
+     WHERE l.tenant = r.tenant AND l.name = r.name
+       AND r.tenant = current_setting('wal.tenant', true) AND r.name = p_name
+       AND r.task_id = p_task_id AND r.call_key = p_call_key
+       AND p_input >= 0 AND p_output >= 0
+    RETURNING 1)
+SELECT count(*) > 0 FROM settled
+$$;
+
+-- A provider answered 429 with Retry-After: grant nothing under p_name for p_seconds
+-- (a later block never shortens an earlier one). Returns the blocked-until time.
+CREATE OR REPLACE FUNCTION wal_limiter_block(p_name text, p_seconds double precision)
+RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    IF p_seconds IS NULL OR NOT (p_seconds BETWEEN 0 AND 86400) THEN
+        RAISE EXCEPTION 'a Retry-After must be 0..86400 seconds' USING ERRCODE = '22023';
+    END IF;
+    UPDATE wal_limiters
+       SET blocked_until = greatest(coalesce(blocked_until, '-infinity'::timestamptz),
+                                    clock_timestamp() + make_interval(secs => p_seconds)),
+           updated_at = now()
+     WHERE tenant = current_setting('wal.tenant', true) AND name = p_name
+    RETURNING blocked_until INTO until;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown limiter %', p_name USING ERRCODE = 'WE240', DETAIL = p_name;
+    END IF;
+    RETURN until;
+END;
+$$;
+
+-- Delete one of this tenant's limiters and its grants; whether it existed.
+CREATE OR REPLACE FUNCTION wal_delete_limiter(p_name text) RETURNS boolean
+LANGUAGE sql AS $$
+WITH deleted AS (DELETE FROM wal_limiters
+                  WHERE tenant = current_setting('wal.tenant', true) AND name = p_name
+                 RETURNING 1)
+SELECT count(*) > 0 FROM deleted
+$$;
+-- ========================================================= end of limiters (issue 24)

@@ -65,6 +65,12 @@
 --                                     tenant, the name and created_at (a schedule's
 --                                     definition, pause flag and ticks: FOR UPDATE needs
 --                                     it); deleted by wal_delete_schedule only.
+--   wal_limiters                      SELECT, INSERT; UPDATE of the definition columns
+--                                     (engine.limiter); blocked_until is set by
+--                                     wal_limiter_block, a limiter deleted by
+--                                     wal_delete_limiter only.
+--   wal_limiter_reservations          SELECT: grants are written by wal_limiter_reserve
+--                                     and wal_limiter_settle only.
 --   row-level security                every table above but wal_transitions and
 --                                     wal_schema_version is ENABLEd and FORCEd by schema.sql:
 --                                     the app role (and the owner) see and write only the
@@ -76,7 +82,9 @@
 --                                     wal_send_signal, wal_cancel_task, wal_add_llm_spend,
 --                                     wal_save_snapshot, wal_delete_snapshots,
 --                                     wal_release_key, wal_prune_workers,
---                                     wal_delete_schedule (SECURITY DEFINER,
+--                                     wal_delete_schedule, wal_limiter_reserve,
+--                                     wal_limiter_settle, wal_limiter_block,
+--                                     wal_delete_limiter (SECURITY DEFINER,
 --                                     owned by the owner role, search_path fixed to this
 --                                     schema then pg_temp): the only ways to change a
 --                                     lease epoch. wal_emit is not executable by it.
@@ -190,6 +198,12 @@ BEGIN
                    'catch_up, catch_up_max, paused, next_tick, last_tick, last_task_id, '
                    'last_error, ticks_fired, updated_at) ON wal_schedules TO %I', app_role);
 
+    -- Limiters (issue 24): definitions by the app role; grants, settlements, blocks and
+    -- deletions by the SECURITY DEFINER functions below.
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE (requests_per_period, tokens_per_period, '
+                   'token_kind, period_s, updated_at) ON wal_limiters TO %I', app_role);
+    EXECUTE format('GRANT SELECT ON wal_limiter_reservations TO %I', app_role);
+
     -- Functions: the lease-changing ones run with the owner's rights and a fixed path ---------
     FOR item IN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
@@ -198,6 +212,8 @@ BEGIN
                              'wal_cancel_task', 'wal_count_task', 'wal_add_llm_spend',
                              'wal_save_snapshot', 'wal_delete_snapshots', 'wal_release_key',
                              'wal_prune_workers', 'wal_delete_schedule',
+                             'wal_limiter_reserve', 'wal_limiter_settle',
+                             'wal_limiter_block', 'wal_delete_limiter',
                              'wal_count_blob_bytes')
          ORDER BY 1
     LOOP

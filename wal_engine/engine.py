@@ -46,6 +46,14 @@ from wal_engine.retries import (
 from wal_engine.runtime.control import INTERNAL_PREFIX as _INTERNAL_SIGNAL_PREFIX
 from wal_engine.runtime.control import approval_signal, reconcile_signal
 from wal_engine.runtime.hooks import NO_HOOKS, AgentHooks
+from wal_engine.runtime.limiters import (
+    LimiterInfo,
+    TokenKind,
+    define_limiter,
+    delete_limiter,
+    list_limiters,
+    read_limiter,
+)
 from wal_engine.runtime.ports import RunServices
 from wal_engine.runtime.registry import runnable_versions
 from wal_engine.runtime.resume import SnapshotPolicy
@@ -722,6 +730,47 @@ class Engine:
         """Delete a schedule (its tasks stay); :class:`~wal_engine.errors.UnknownSchedule`
         if there is none."""
         await delete_schedule(self.database, name)
+
+    # ------------------------------------------------------------------ limiters
+
+    async def limiter(self, name: str, *, requests_per_period: int | None = None,
+                      tokens_per_period: int | None = None, period_s: float = 60.0,
+                      tokens: TokenKind = "both") -> LimiterInfo:
+        """Define (or change) a rate limiter shared by every worker of this tenant, for
+        ``ctx.llm(..., limiter=name)`` and ``ctx.tool(..., limiter=name)``: at most
+        ``requests_per_period`` calls and ``tokens_per_period`` tokens in any sliding window
+        of ``period_s`` seconds (``docs/limiters.md``).
+
+        Args:
+            name: 1..100 letters, digits, ``_ . : / -`` (``openai:gpt-4o``).
+            requests_per_period: Calls per period (None: not limited by count).
+            tokens_per_period: Tokens per period (None: not limited by tokens).
+            period_s: The window, in seconds (0 < period_s <= 86400).
+            tokens: Which recorded tokens count: ``input``, ``output`` or ``both``.
+
+        Returns:
+            The limiter and its state.
+
+        Raises:
+            InvalidLimiter: a zero, negative or missing limit, a bad period, kind or name;
+                nothing was written.
+        """
+        return await define_limiter(self.database, name, requests_per_period=requests_per_period,
+                                    tokens_per_period=tokens_per_period, period_s=period_s,
+                                    tokens=tokens)
+
+    async def limiters(self) -> list[LimiterInfo]:
+        """This tenant's limiters and what their windows hold now, by name."""
+        return await list_limiters(self.database)
+
+    async def limiter_info(self, name: str) -> LimiterInfo:
+        """One limiter and its state (:class:`~wal_engine.errors.UnknownLimiter` if none)."""
+        return await read_limiter(self.database, name)
+
+    async def delete_limiter(self, name: str) -> None:
+        """Delete a limiter and its grants; calls naming it then fail with
+        :class:`~wal_engine.errors.UnknownLimiter`."""
+        await delete_limiter(self.database, name)
 
     # ------------------------------------------------------------------ workers
 

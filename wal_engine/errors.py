@@ -241,6 +241,31 @@ class ScheduleExists(WalError):
         self.name = name
 
 
+class InvalidLimiter(InvalidInput):
+    """A limiter refused at the call that defined or used it (a zero or negative limit, a
+    period or name the engine cannot use, a bad token estimate); nothing was written."""
+
+    def __init__(self, limiter: object, field: str, reason: str) -> None:
+        shown = repr(limiter)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid limiter {shown}: {field}: {reason}")
+        self.limiter = limiter
+        self.field = field
+        """Which argument: ``name``, ``requests_per_period``, ``tokens_per_period``,
+        ``period_s``, ``tokens`` or ``estimate_tokens``."""
+        self.reason = reason
+
+
+class UnknownLimiter(WalError):
+    """No limiter of this name exists (in this engine's tenant): define it with
+    ``engine.limiter`` first. Raised at the call that named it, before its intent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown limiter {name!r} (define it with engine.limiter)")
+        self.name = name
+
+
 class TaskQuotaExceeded(WalError):
     """The tenant reached its cap on the number of tasks; the task was not created."""
 
@@ -482,6 +507,17 @@ class DidNotAct(Exception):
     The only failure after which a non-idempotent tool is tried again (under the same key,
     within its policy): every other failure of such a tool is in doubt and escalates.
     """
+
+
+class RateLimited(DidNotAct):
+    """Raise from an LLM function or a tool when the service refused the call for its rate
+    limit (HTTP 429), with its ``Retry-After`` in seconds if it sent one. The attempt did
+    not act and is retried; a call made under a limiter (``limiter=``) blocks that limiter
+    for every worker of the tenant until the Retry-After has passed."""
+
+    def __init__(self, retry_after_s: float | None = None, message: str = "") -> None:
+        super().__init__(message or f"rate limited (retry after {retry_after_s} s)")
+        self.retry_after_s = retry_after_s
 
 
 class LeaseExpired(DidNotAct):

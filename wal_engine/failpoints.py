@@ -40,6 +40,11 @@ CHILD_POINTS: Final = (
     "after_child_submit",
 )
 """Points of ``ctx.spawn``: the child created, its spawn not yet recorded in the parent."""
+LIMITER_POINTS: Final = (
+    "after_limiter_grant",
+)
+"""A call's limiter grant committed, its intent not yet written (calls with ``limiter=``
+only, so not among :data:`POINTS`, which every crash test arms in turn)."""
 
 
 class SimulatedCrash(BaseException):
@@ -57,9 +62,9 @@ fired: list[str] = []
 
 def arm(name: str, nth: int = 1, action: str = "raise") -> None:
     """Arm ``name`` to fire on its ``nth`` pass with ``action`` (``raise`` or ``sigkill``)."""
-    if name not in POINTS + OUTSIDE_RUNS + CHILD_POINTS:
+    if name not in POINTS + OUTSIDE_RUNS + CHILD_POINTS + LIMITER_POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: "
-                         f"{', '.join(POINTS + OUTSIDE_RUNS + CHILD_POINTS)}")
+                         f"{', '.join(POINTS + OUTSIDE_RUNS + CHILD_POINTS + LIMITER_POINTS)}")
     if action not in ("raise", "sigkill"):
         raise ValueError(f"unknown failpoint action {action!r}")
     _armed[name] = (nth, action)

@@ -203,6 +203,14 @@ SIGNATURES = {
     'Engine.pause_schedule': "(self, name: 'str') -> 'ScheduleInfo'",
     'Engine.resume_schedule': "(self, name: 'str') -> 'ScheduleInfo'",
     'Engine.delete_schedule': "(self, name: 'str') -> 'None'",
+    'Engine.limiter': (
+        "(self, name: 'str', *, requests_per_period: 'int | None' = None, tokens_per_period: "
+        "'int | None' = None, period_s: 'float' = 60.0, tokens: 'TokenKind' = 'both') -> "
+        "'LimiterInfo'"
+    ),
+    'Engine.limiters': "(self) -> 'list[LimiterInfo]'",
+    'Engine.limiter_info': "(self, name: 'str') -> 'LimiterInfo'",
+    'Engine.delete_limiter': "(self, name: 'str') -> 'None'",
     'Engine.signal': (
         "(self, task_id: 'str', name: 'str', payload: 'Any' = None, *, dedup_key: 'str | "
         "None' = None) -> 'int'"
@@ -275,7 +283,8 @@ SIGNATURES = {
         "(self, model: 'str', function: 'Callable[..., Any]', request: 'Any' = None, *, "
         "result_type: 'Any' = None, retry: 'RetryPolicy' = RetryPolicy(max_attempts=3, "
         'initial_delay_s=0.5, multiplier=2.0, max_delay_s=60.0, durable_after_s=5.0, '
-        "retry_on=(), did_not_act_on=()), timeout_s: 'float | None' = None) -> 'Any'"
+        "retry_on=(), did_not_act_on=()), timeout_s: 'float | None' = None, limiter: "
+        "'str | None' = None, estimate_tokens: 'int | None' = None) -> 'Any'"
     ),
     'AgentContext.message': (
         "(self, role: 'str', content: 'Any', *, name: 'str | None' = None) -> 'None'"
@@ -298,7 +307,8 @@ SIGNATURES = {
         'RetryPolicy(max_attempts=3, initial_delay_s=0.5, multiplier=2.0, max_delay_s=60.0, '
         "durable_after_s=5.0, retry_on=(), did_not_act_on=()), timeout_s: 'float | None' = "
         "None, approval: 'bool' = False, on_uncertain: 'UncertainPolicy' = 'fail', lookup: "
-        "'Callable[[str], Awaitable[Any]] | None' = None) -> 'Any'"
+        "'Callable[[str], Awaitable[Any]] | None' = None, limiter: 'str | None' = None, "
+        "limiter_tokens: 'int' = 0) -> 'Any'"
     ),
     'AgentContext.transaction': (
         "(self, name: 'str', function: 'Callable[[Any, Any], Awaitable[Any]]', args: 'Any' = "

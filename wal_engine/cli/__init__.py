@@ -6,8 +6,9 @@ then lets a superuser through); ``wal-engine --tenant T <command>`` works on ten
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
 ``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
 provisions tenants' login roles on an administrator's DSN. ``schedule
-add|list|pause|resume|delete`` manages cron and interval schedules. ``queues`` shows each
-queue's depth, running tasks, limits and oldest wait; ``queue set NAME --concurrency N
+add|list|pause|resume|delete`` manages cron and interval schedules; ``limiters`` lists
+the rate limiters and their state, ``limiter set|delete`` defines them. ``queues`` shows
+each queue's depth, running tasks, limits and oldest wait; ``queue set NAME --concurrency N
 --worker-concurrency M`` creates a queue or changes its limits (audited: ``queue history``).
 ``bench`` hands its arguments to the benchmark suite (``python -m benchmarks``). Errors are
 one line on standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
@@ -23,6 +24,7 @@ from wal_engine.cli.audit import history, show, tasks, verify
 from wal_engine.cli.common import MainGroup, tenant_option
 from wal_engine.cli.embedded import embedded
 from wal_engine.cli.gateway import gateway
+from wal_engine.cli.limiters import limiter, limiters
 from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
 from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
@@ -45,7 +47,8 @@ def main(tenant: str | None) -> None:
 
 for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
-                gateway, embedded, pending, reconcile, timer, schedule, queues, queue):
+                gateway, embedded, pending, reconcile, timer, schedule, limiters, limiter,
+                queues, queue):
     main.add_command(command)
 
 __all__ = ["main"]

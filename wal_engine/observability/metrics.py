@@ -25,6 +25,13 @@ The hooks are single calls placed in the engine where the thing happens:
                                           by ``source`` (snapshot + tail, or the whole log)
 ``wal_engine_claims_by_agent_version``    claims, by ``agent`` and the ``version`` that started
                                           the task
+``wal_engine_limiter_grants_total``       limiter grants taken by calls, by ``limiter``
+``wal_engine_limiter_wait_seconds``       in-process wait of a call for its grant, by
+                                          ``limiter`` (0 for an immediate grant)
+``wal_engine_limiter_parked_total``       waits long enough to park the task on a durable
+                                          timer, by ``limiter``
+``wal_engine_limiter_rate_limited_total`` provider 429s reported under a limiter, by
+                                          ``limiter``
 ``wal_engine_live_tasks``                 gauge: tasks not finished (queued, running, waiting,
                                           resuming), by ``agent`` and ``version``, as a worker
                                           last read them from the log (see below)
@@ -273,6 +280,20 @@ class Instruments:
             "wal_engine_sync_call_overruns",
             "Waits begun for the thread of a sync call that timed out or whose worker "
             "was stopping.", ["reason"], registry=target)
+        self.limiter_grants = Counter(
+            "wal_engine_limiter_grants", "Limiter grants taken by calls.", ["limiter"],
+            registry=target)
+        self.limiter_wait = Histogram(
+            "wal_engine_limiter_wait_seconds",
+            "In-process wait of a call for its limiter grant.", ["limiter"],
+            buckets=(0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0), registry=target)
+        self.limiter_parked = Counter(
+            "wal_engine_limiter_parked",
+            "Limiter waits long enough to park the task on a durable timer.", ["limiter"],
+            registry=target)
+        self.limiter_rate_limited = Counter(
+            "wal_engine_limiter_rate_limited",
+            "Provider 429s reported under a limiter.", ["limiter"], registry=target)
         self.resume_events_folded = Histogram(
             "wal_engine_resume_events_folded", "Events folded to resume a task.", ["source"],
             buckets=folded_buckets_events, registry=target)
@@ -395,6 +416,25 @@ def call_failed(kind: str, retryable: bool) -> None:
     """An attempt failed; a retryable failure counts as a retry."""
     if _instruments is not None and retryable:
         _instruments.call_retries.labels(kind, "failure").inc()
+
+
+def limiter_granted(limiter: str, waited_s: float) -> None:
+    """A call took a grant of ``limiter`` after waiting ``waited_s`` in process."""
+    if _instruments is not None:
+        _instruments.limiter_grants.labels(limiter).inc()
+        _instruments.limiter_wait.labels(limiter).observe(waited_s)
+
+
+def limiter_parked(limiter: str) -> None:
+    """A call's wait for ``limiter`` was long: its task parked on a durable timer."""
+    if _instruments is not None:
+        _instruments.limiter_parked.labels(limiter).inc()
+
+
+def limiter_rate_limited(limiter: str) -> None:
+    """A provider answered 429 to a call made under ``limiter``."""
+    if _instruments is not None:
+        _instruments.limiter_rate_limited.labels(limiter).inc()
 
 
 def budget_tripped(budget: str) -> None:

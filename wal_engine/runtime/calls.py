@@ -39,6 +39,7 @@ from wal_engine.effects.gateway import Claim
 from wal_engine.errors import (
     CallTimedOut,
     InvalidPayload,
+    RateLimited,
     ResultTypeError,
     ToolError,
 )
@@ -64,6 +65,7 @@ from wal_engine.runtime.control import (
     lease_check,
     reconcile_signal,
 )
+from wal_engine.runtime.limiters import CallLimit, acquire, block, call_key, settle
 from wal_engine.runtime.steps import (
     RESULT_TYPE_ERROR,
     LlmResponse,
@@ -105,6 +107,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     on_uncertain: str
     lookup: Any
     result_type: Any = None
+    limit: CallLimit | None = None
+    """The limiter each attempt takes a grant of before its intent (``limiter=``)."""
 
     kind: ClassVar[str] = "tool"
     intent_redacted: ClassVar[bool] = True
@@ -141,6 +145,9 @@ class LlmSpec(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy
     timeout_s: float | None
     result_type: Any = None
+    limit: CallLimit | None = None
+    """The limiter each attempt takes a grant of before its intent (``limiter=``); the
+    grant's estimate is settled to the usage recorded."""
 
     kind: ClassVar[str] = "llm"
     intent_redacted: ClassVar[bool] = False
@@ -228,6 +235,8 @@ class CallDriver:
         self.spec = spec
         self.secrets_used: tuple[str, ...] = ()
         """Values of the secret references resolved for the attempt in flight."""
+        self.grant_key: str | None = None
+        """The key of the limiter grant of the attempt in flight (with ``spec.limit``)."""
 
     async def drive(self, outcome: Outcome, *, approval: bool = False) -> Any:
         """Drive the call from the journal's answer to its outcome."""
@@ -247,7 +256,29 @@ class CallDriver:
         trip = await spec.budget_trip(run, in_loop=in_loop)
         if trip is not None:
             await run.fail_budget(trip)
+        await self._take_grant(call_id, attempt, call_key(call_id, attempt))
         await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
+
+    async def _take_grant(self, call_id: str, attempt: int, grant_key: str) -> None:
+        """With a limiter: wait for its grant of this attempt (before the intent, so an
+        unknown limiter or a long wait leaves nothing of the attempt in the log)."""
+        limit = self.spec.limit
+        if limit is None:
+            return
+        await acquire(self.run, limit, call_id, attempt, grant_key,
+                      durable_after_s=self.spec.retry.durable_after_s)
+        self.grant_key = grant_key
+        failpoints.hit("after_limiter_grant")
+
+    async def _rate_limited(self, error: Exception) -> None:
+        """A 429 under a limiter: block it for every worker until Retry-After; the refused
+        request counts as a request, with no tokens."""
+        limit = self.spec.limit
+        if limit is None or not isinstance(error, RateLimited):
+            return
+        await block(self.run, limit, error.retry_after_s)
+        if self.grant_key is not None:
+            await settle(self.run, limit, self.grant_key, 0, 0)
 
     async def _first_attempt(self, call_id: str) -> Any:
         key = idempotency_key(self.run.task_id, intent_seq(self.run))
@@ -288,6 +319,7 @@ class CallDriver:
                 if found:
                     return value
                 failure, verdict = value
+                await self._rate_limited(failure)
             retry_at = await self._record_failure(call_id, attempt, failure, verdict)
             if retry_at is None:
                 raise ToolError(call_id, type(failure).__name__,
@@ -351,6 +383,9 @@ class CallDriver:
         retry_at = None
         if retryable:
             delay_s = backoff_delay_s(spec.retry, run.task_id, run.head_seq, attempt)
+            retry_after = error.retry_after_s if isinstance(error, RateLimited) else None
+            if isinstance(retry_after, int | float) and math.isfinite(retry_after):
+                delay_s = max(delay_s, float(retry_after))  # wait_until caps it at max_delay_s
             retry_at = wall_ms(run) + round(delay_s * 1000)
         await run.append([spec.failed(
             call_id, attempt, type(error).__name__,
@@ -406,6 +441,9 @@ class CallDriver:
             output_tokens=response.output_tokens, cost_usd=response.cost_usd))
         assert isinstance(stored, ev.LlmCallCompleted)
         await self.run.add_tenant_spend(stored.cost_usd)
+        if self.spec.limit is not None and self.grant_key is not None:
+            await settle(self.run, self.spec.limit, self.grant_key, stored.input_tokens,
+                         stored.output_tokens)
         return stored.response if typed is _untyped else typed
 
     async def _store(self, call_id: str, attempt: int, success: ev.Event) -> ev.Event:
@@ -547,6 +585,9 @@ class CallDriver:
         if spec.idempotent or looked_up:
             log.info("in_doubt_retry", task_id=run.task_id, call_id=outcome.call_id, key=key)
             metrics.call_retried(spec.kind, "in_doubt")
+            # Sent again: the provider may have seen the first sending, so it counts again.
+            await self._take_grant(outcome.call_id, outcome.attempt,
+                                   call_key(outcome.call_id, outcome.attempt, run.epoch))
             return await self._attempts(outcome.call_id, key, outcome.attempt)
         return await self._escalate(outcome.call_id, outcome.attempt, "interrupted", None)
 

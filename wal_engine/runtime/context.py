@@ -46,6 +46,8 @@ from wal_engine.runtime.control import (
     current_call_claim,
     lease_check,
 )
+from wal_engine.runtime.limiters import CallLimit, checked_tokens
+from wal_engine.runtime.limiters import checked_name as checked_limiter
 from wal_engine.runtime.steps import LlmResponse as LlmResponse
 from wal_engine.runtime.steps import recorded_value, wait_signal
 
@@ -165,6 +167,8 @@ class AgentContext:
         approval: bool = ...,
         on_uncertain: UncertainPolicy = ...,
         lookup: Callable[[str], Awaitable[Any]] | None = ...,
+        limiter: str | None = ...,
+        limiter_tokens: int = ...,
     ) -> R: ...
 
     @overload
@@ -179,6 +183,8 @@ class AgentContext:
         approval: bool = ...,
         on_uncertain: UncertainPolicy = ...,
         lookup: Callable[[str], Awaitable[Any]] | None = ...,
+        limiter: str | None = ...,
+        limiter_tokens: int = ...,
     ) -> T: ...
 
     @overload
@@ -191,6 +197,8 @@ class AgentContext:
         approval: bool = ...,
         on_uncertain: UncertainPolicy = ...,
         lookup: Callable[[str], Awaitable[Any]] | None = ...,
+        limiter: str | None = ...,
+        limiter_tokens: int = ...,
     ) -> T: ...
 
     async def tool(
@@ -206,6 +214,8 @@ class AgentContext:
         approval: bool = False,
         on_uncertain: UncertainPolicy = "fail",
         lookup: Callable[[str], Awaitable[Any]] | None = None,
+        limiter: str | None = None,
+        limiter_tokens: int = 0,
     ) -> Any:
         """Call a tool, written ahead: intent committed, then ``function(args)``, then result.
 
@@ -229,6 +239,12 @@ class AgentContext:
                 result, or None if it never acted (then the call is made again).
             result_type: A type msgspec converts the result to (a Struct, a dataclass,
                 ``list[int]``...), from the result as recorded, live and on replay alike.
+            limiter: The name of a limiter (``engine.limiter``) every attempt takes a grant
+                of before it acts, waiting for one if the limit is reached (see
+                :meth:`llm`); raise :class:`~wal_engine.errors.RateLimited` from the
+                function on a 429 to block the limiter until its Retry-After.
+            limiter_tokens: The tokens each attempt counts under a limiter with a token
+                limit (0: requests only).
 
         Returns:
             The tool's result (from the log on replay), of ``result_type`` if given.
@@ -241,6 +257,9 @@ class AgentContext:
         # The log records the redacted arguments and name, and replay matches on the hash
         # of the one and the redacted form of the other; the function gets the arguments as
         # given, with secret references resolved.
+        limit = None if limiter is None else CallLimit(
+            name=checked_limiter(limiter),
+            tokens=checked_tokens(limiter, "limiter_tokens", limiter_tokens))
         stored_args = self._run.redact(args)
         hashed = args_hash(stored_args)
         outcome = await self._next(CallKind.TOOL, name, hashed)
@@ -249,7 +268,7 @@ class AgentContext:
         spec = ToolSpec(name=self._run.redact_name(name), function=function, args=args,
                         stored_args=stored_args, args_hash=hashed, idempotent=idempotent,
                         retry=retry, timeout_s=timeout_s, on_uncertain=on_uncertain, lookup=lookup,
-                        result_type=result_type)
+                        result_type=result_type, limit=limit)
 
         return await CallDriver(self._run, spec).drive(outcome, approval=approval)
 
@@ -257,12 +276,14 @@ class AgentContext:
     async def llm(
         self, model: str, function: Callable[..., Any], request: Any = ..., *,
         result_type: type[R], retry: RetryPolicy = ..., timeout_s: float | None = ...,
+        limiter: str | None = ..., estimate_tokens: int | None = ...,
     ) -> R: ...
 
     @overload
     async def llm(
         self, model: str, function: Callable[..., Any], request: Any = ..., *,
         result_type: None = ..., retry: RetryPolicy = ..., timeout_s: float | None = ...,
+        limiter: str | None = ..., estimate_tokens: int | None = ...,
     ) -> Any: ...
 
     async def llm(
@@ -274,19 +295,43 @@ class AgentContext:
         result_type: Any = None,
         retry: RetryPolicy = DEFAULT_POLICY,
         timeout_s: float | None = None,
+        limiter: str | None = None,
+        estimate_tokens: int | None = None,
     ) -> Any:
         """Call an LLM, journaled: its response and token usage are recorded, so a replay
         never pays for the same tokens twice. ``function(request)`` returns an
         :class:`LlmResponse` (or a dict with its fields, or a bare response). With
         ``result_type``, the response's content is converted to it by msgspec, as for
         :meth:`tool` (a mismatch raises :class:`~wal_engine.errors.ResultTypeError`).
+
+        With ``limiter`` (a name defined by ``engine.limiter``, shared by every worker of
+        the tenant), each attempt first takes a grant of one request and
+        ``estimate_tokens`` tokens (default: a quarter of the request's encoded bytes),
+        before its intent is written; once the response is recorded the estimate is
+        replaced by the usage it reports. A call that would exceed the limit waits: in
+        process when the wait is short, else on a durable timer (``retry.durable_after_s``).
+        A :class:`~wal_engine.errors.RateLimited` raised by ``function`` (a 429) blocks the
+        limiter until its Retry-After and the attempt is retried. A recorded call takes no
+        grant.
+
+        Raises:
+            UnknownLimiter: no limiter of that name (nothing of the call is written).
+            InvalidLimiter: a bad name or estimate, or an estimate above the token limit.
         """
-        hashed = args_hash(self._run.redact(request))
+        redacted = self._run.redact(request)
+        limit = None
+        if limiter is not None:
+            estimate = (len(msgspec.json.encode(redacted)) // 4 if estimate_tokens is None
+                        else estimate_tokens)
+            limit = CallLimit(name=checked_limiter(limiter),
+                              tokens=checked_tokens(limiter, "estimate_tokens", estimate))
+        hashed = args_hash(redacted)
         outcome = await self._next(CallKind.LLM, model, hashed)
         if isinstance(outcome, Recorded):
             return recorded_value(outcome, result_type)
         spec = LlmSpec(name=self._run.redact_name(model), function=function, args=request,
-                       args_hash=hashed, retry=retry, timeout_s=timeout_s, result_type=result_type)
+                       args_hash=hashed, retry=retry, timeout_s=timeout_s, result_type=result_type,
+                       limit=limit)
         return await CallDriver(self._run, spec).drive(outcome)
 
     async def approval(self, name: str, args: Any = None) -> ApprovalDecision:

@@ -23,6 +23,7 @@ from wal_engine.errors import (
     IllegalTransition,
     InvalidInput,
     TaskQuotaExceeded,
+    UnknownLimiter,
     UnknownTask,
     WalError,
 )
@@ -33,6 +34,7 @@ HEAD_REGRESSED: Final = "WE003"
 UNKNOWN_TASK: Final = "WE004"
 TASK_QUOTA: Final = "WE005"
 CAP_EXCEEDED: Final = "WE008"
+UNKNOWN_LIMITER: Final = "WE240"
 CHECK_VIOLATION: Final = "23514"
 UNIQUE_VIOLATION: Final = "23505"
 EVENT_BOUNDS: Final = "wal_events_bounds"
@@ -152,6 +154,8 @@ def translate(error: asyncpg.PostgresError, task_id: str | None = None) -> WalEr
     if code == TASK_QUOTA:
         detail = str(error.detail or "")
         return TaskQuotaExceeded(None, int(detail) if detail.isdigit() else None)
+    if code == UNKNOWN_LIMITER:
+        return UnknownLimiter(str(error.detail or "?"))
     if code == CAP_EXCEEDED:
         return CapExceeded(str(error.detail or "cap"), str(error))
     if code == CHECK_VIOLATION and error.constraint_name == EVENT_BOUNDS:
