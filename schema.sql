@@ -1850,3 +1850,11 @@ WITH deleted AS (DELETE FROM wal_limiters
 SELECT count(*) > 0 FROM deleted
 $$;
 -- ========================================================= end of limiters (issue 24)
+
+-- ============================================================ schema version 4
+-- Version 4 holds what issues 22-24 added to version 3: worker prunes, schedules, child
+-- tasks, rate limiters, queues. Code of version 3 connecting to a database of version 4 is
+-- refused by its version check; code from this version on also refuses to apply its own
+-- schema over a newer one (connection.apply_schema), which would put back older functions
+-- (a five-parameter wal_claim_tasks beside the queue-aware one).
+INSERT INTO wal_schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;

@@ -13,11 +13,14 @@ import pytest_asyncio
 
 from tests.integration import test_cli_agents as agents
 from tests.integration.test_cli_agents import cli, drive, drive_until, lines, one_error_line
-from wal_engine.engine import Engine
+from wal_engine.engine import Engine, connect
+from wal_engine.errors import SchemaMismatch
 from wal_engine.store.connection import SCHEMA_VERSION
 from wal_engine.testing.postgres import TestServer
 
 SPEC = "tests.integration.test_cli_agents:register"
+FUNCTIONS = ("SELECT p.oid::regprocedure::text, md5(p.prosrc) FROM pg_proc p"
+             " WHERE p.proname LIKE 'wal\\_%' ORDER BY 1")
 
 
 @pytest_asyncio.fixture
@@ -185,6 +188,19 @@ async def test_missing_schema_then_migrate_then_another_version(empty_dsn: str) 
     assert f"schema version {SCHEMA_VERSION + 1}" in line and "upgrade wal-engine" in line
     refused = await cli("migrate", "--dsn", empty_dsn)
     assert refused.exit_code == 4 and "upgrade wal-engine" in one_error_line(refused)
+    # An engine connecting with migrate=True applies nothing over the newer schema either
+    # (its older functions would replace the newer ones): refused before any DDL.
+    connection = await asyncpg.connect(empty_dsn)
+    try:
+        await connection.execute("UPDATE wal_schema_version SET checksum = 'newer'")
+        functions = await connection.fetch(FUNCTIONS)
+        with pytest.raises(SchemaMismatch):
+            await connect(empty_dsn, migrate=True)
+        assert await connection.fetch(FUNCTIONS) == functions
+        assert await connection.fetchval(
+            "SELECT count(*) FROM wal_schema_version WHERE checksum <> 'newer'") == 0
+    finally:
+        await connection.close()
 
 
 def test_console_script_entry_point_runs(database_dsn: str) -> None:

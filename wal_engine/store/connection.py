@@ -37,7 +37,7 @@ from wal_engine.store.hosts import connect_any
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema version this code reads and writes (``wal_schema_version``)."""
 
 DSN_ENV: Final = "WAL_ENGINE_DSN"
@@ -235,6 +235,11 @@ async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -
         await connection.execute(queries.SCHEMA_LOCK)
         if not force and await _schema_current(connection, checksum):
             return False
+        found = await read_schema_version(connection)
+        if found is not None and found > SCHEMA_VERSION:
+            # A newer engine migrated this database: applying this older text would put
+            # back functions the newer one replaced (while both versions' workers run).
+            raise SchemaMismatch(found, SCHEMA_VERSION)
         if await connection.fetchval(queries.SCHEMA_PRESENT):
             await connection.execute(queries.LOCK_ENGINE_TABLES)
         await connection.execute(text)
