@@ -64,17 +64,35 @@ async def _tasks(engine: Engine) -> dict[str, str]:
 
 
 async def test_spawn_and_result_returns_the_childs_output(engine: Engine) -> None:
-    """A parent spawns one child, waits durably for it, and gets its output."""
-    runs: Counter[str] = Counter()
-    _register_children(engine, runs)
+    """A parent spawns one child, waits durably for it (the child is held until the parent
+    is WAITING, so the wait is certain), and gets its output."""
+    release = asyncio.Event()
+
+    @engine.agent("held-square")
+    async def held_square(ctx: AgentContext, value: Square) -> int:
+        await release.wait()
+        return value.n * value.n
 
     @engine.agent("parent")
     async def parent(ctx: AgentContext, value: Any) -> Any:
-        handle = await ctx.spawn("square", {"n": 7})
+        handle = await ctx.spawn("held-square", {"n": 7})
         return {"child": handle.task_id, "result": await handle.result()}
 
     task = await engine.submit("parent", None, task_id="p1")
-    state = await _drive(engine, task)
+    worker = engine.worker(concurrency=8, **FAST)
+    running = asyncio.create_task(worker.run())
+    try:
+        async def parked() -> None:
+            while (await engine.head(task)).status is not Status.WAITING:
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(parked(), 20)
+        release.set()
+        state = await engine.wait(task, timeout_s=20)
+    finally:
+        release.set()
+        worker.stop()
+        await running
     assert state.status is Status.COMPLETED
     assert state.output == {"child": "p1:child:value-0", "result": 49}
     types = [record.type for record in await engine.history(task)]

@@ -333,7 +333,8 @@ async def test_tenant_b_cannot_read_tenant_a_blobs(tenant_roles: Any) -> None:
 # ----------------------------------------------------------------------------- migration
 
 
-async def test_a_version_2_database_is_migrated_to_the_current_version(database_factory: Any) -> None:
+async def test_a_version_2_database_is_migrated_to_the_current_version(
+        database_factory: Any) -> None:
     """A database of schema version 2 (no wal_blobs) gets the table, its triggers and the
     per-task counter when the schema is applied; its tasks verify and continue, now with
     large values; an engine refuses the database until then (SchemaMismatch)."""

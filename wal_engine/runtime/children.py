@@ -149,6 +149,25 @@ def spawned_count(run: Run) -> int:
                if call.kind is CallKind.VALUE and call.name.startswith(SPAWN_VALUE_PREFIX))
 
 
+async def check_replayed_spawn(run: Run, agent: str, input: Any, task_id: str | None,
+                               on_parent_end: str) -> tuple[Any, str | None]:
+    """The checks of a spawn that give the same answer on every run of the task's code
+    (its policy, agent, input and id, and the ancestry, which never changes): a re-run
+    makes them again before the journal answers, so a spawn refused on the first run is
+    refused again at the same point, not matched against the next recorded call.
+
+    Raises:
+        UnknownAgent, InvalidInput, TaskCycle.
+    """
+    if on_parent_end not in ("cancel", "abandon"):
+        raise InvalidInput(f"on_parent_end must be 'cancel' or 'abandon', not {on_parent_end!r}")
+    plain, version = plain_child_input(run, agent, input)
+    if task_id is not None:
+        validate_task_id(task_id)
+        await check_not_ancestor(run, task_id)
+    return plain, version
+
+
 async def check_spawn(run: Run, agent: str, input: Any, task_id: str | None,
                       on_parent_end: str) -> tuple[Any, str | None]:
     """Every check of a new spawn, before anything is journaled: its plain input and the
@@ -157,14 +176,10 @@ async def check_spawn(run: Run, agent: str, input: Any, task_id: str | None,
     Raises:
         UnknownAgent, InvalidInput, TaskCycle, TaskAlreadyExists, CapExceeded.
     """
-    if on_parent_end not in ("cancel", "abandon"):
-        raise InvalidInput(f"on_parent_end must be 'cancel' or 'abandon', not {on_parent_end!r}")
-    plain, version = plain_child_input(run, agent, input)
+    plain, version = await check_replayed_spawn(run, agent, input, task_id, on_parent_end)
     if spawned_count(run) >= children_max:
         raise CapExceeded("children_per_task", f"a task spawns at most {children_max} children")
     if task_id is not None:
-        validate_task_id(task_id)
-        await check_not_ancestor(run, task_id)
         row = await read_task(run, task_id)
         if row is not None and not _child_of(row, run.task_id):
             raise TaskAlreadyExists(task_id)

@@ -33,6 +33,7 @@ from wal_engine.runtime.children import (
     SPAWN_VALUE_PREFIX,
     ChildHandle,
     ParentEndPolicy,
+    check_replayed_spawn,
     check_spawn,
     child_outcome,
     gather,
@@ -453,8 +454,11 @@ class AgentContext:
         name = f"{SPAWN_VALUE_PREFIX}{agent}"
         if run.journal.remaining or run.journal.closed:
             # A recorded spawn (a value is recorded whole, or not at all): answered from
-            # the log, nothing is checked or created. A finished history records nothing
-            # more: the journal says so.
+            # the log, nothing created. The checks that answer the same on every run are
+            # made again first: a spawn the first run refused (the journal did not move)
+            # is refused again here, not matched against the next recorded call. A
+            # finished history records nothing more: the journal says so.
+            await check_replayed_spawn(run, agent, input, task_id, on_parent_end)
             outcome = await self._next(CallKind.VALUE, name, "")
             assert isinstance(outcome, Recorded)
             return self._handle(str(outcome.result["task_id"]))
