@@ -130,6 +130,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
       arguments gets it prepended instead: one implicit transaction, one round trip).
     """
 
+    # The overrides keep asyncpg's signatures (its ``timeout`` parameters: ASYNC109).
     _wal_carried: str | None = None
     _wal_described: collections.OrderedDict[str, Any] | None = None
 
@@ -137,7 +138,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
         """Send ``carried`` (SQL) at the start of every transaction of this connection."""
         self._wal_carried = carried
 
-    async def _get_statement(self, query: str, timeout: Any, *,  # noqa: ANN401
+    async def _get_statement(self, query: str, timeout: Any, *,  # noqa: ASYNC109
                              named: Any = False, use_cache: bool = True,
                              ignore_custom_codec: bool = False,
                              record_class: Any = None) -> Any:
@@ -169,7 +170,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
         self._wal_described = None
         super()._drop_local_statement_cache()
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:  # noqa: ASYNC109
         carried = self._wal_carried
         if carried is None or self.is_in_transaction():
             return str(await super().execute(query, *args, timeout=timeout))
@@ -184,7 +185,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
         async with self.transaction():
             return str(await super().execute(query, *args, timeout=timeout))
 
-    async def fetch(self, query: str, *args: Any, timeout: float | None = None,
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None,  # noqa: ASYNC109
                     record_class: Any = None) -> list[Any]:
         if self._wal_carried is None or self.is_in_transaction():
             return list(await super().fetch(query, *args, timeout=timeout,
@@ -193,7 +194,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
             return list(await super().fetch(query, *args, timeout=timeout,
                                             record_class=record_class))
 
-    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None,
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None,  # noqa: ASYNC109
                        record_class: Any = None) -> Any:
         if self._wal_carried is None or self.is_in_transaction():
             return await super().fetchrow(query, *args, timeout=timeout,
@@ -203,14 +204,14 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
                                           record_class=record_class)
 
     async def fetchval(self, query: str, *args: Any, column: int = 0,
-                       timeout: float | None = None) -> Any:
+                       timeout: float | None = None) -> Any:  # noqa: ASYNC109
         if self._wal_carried is None or self.is_in_transaction():
             return await super().fetchval(query, *args, column=column, timeout=timeout)
         async with self.transaction():
             return await super().fetchval(query, *args, column=column, timeout=timeout)
 
     async def executemany(self, command: str, args: Any, *,
-                          timeout: float | None = None) -> None:
+                          timeout: float | None = None) -> None:  # noqa: ASYNC109
         if self._wal_carried is None or self.is_in_transaction():
             await super().executemany(command, args, timeout=timeout)
             return

@@ -100,6 +100,12 @@ class PgBouncer:
 
     # ------------------------------------------------------------------------ files
 
+    def _first_user(self) -> str:
+        """The user the harness was made for (the server's superuser): PgBouncer's admin,
+        and its ``auth_user``, which looks any other login role up in ``pg_shadow``
+        (``auth_query``), so roles a test creates need no entry in the auth file."""
+        return next(iter(self.users), "postgres")
+
     @property
     def ini_path(self) -> Path:
         return self.directory / "pgbouncer.ini"
@@ -131,7 +137,8 @@ server_idle_timeout = 30
 server_connect_timeout = 5
 server_login_retry = 1
 query_wait_timeout = 60
-admin_users = {next(iter(sorted(self.users)), 'postgres')}
+admin_users = {self._first_user()}
+auth_user = {self._first_user()}
 ignore_startup_parameters = extra_float_digits
 log_connections = 0
 log_disconnections = 0
