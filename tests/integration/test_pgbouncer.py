@@ -195,11 +195,15 @@ async def test_without_listen_dsn_a_transaction_pooled_worker_polls_and_says_so(
             with capture_logs() as logs:
                 running = asyncio.create_task(worker.run())
                 try:
-                    await asyncio.sleep(0)  # let the loops start before the submit
+                    # The first task is claimed by whichever pass comes; once it is done
+                    # the worker's claim loop waits (poll_ms) for a wake-up.
+                    first = await engine.submit("echo", {"n": 0})
+                    await engine.wait(first, timeout_s=20)
                     started = time.monotonic()
                     task_id = await engine.submit("echo", {"n": 1})
                     state = await engine.wait(task_id, timeout_s=20)
                     took_s = time.monotonic() - started
+                    listening = await _listen_sessions(direct_dsn, worker.worker_id)
                 finally:
                     worker.stop()
                     await running
@@ -208,9 +212,22 @@ async def test_without_listen_dsn_a_transaction_pooled_worker_polls_and_says_so(
             said = [entry for entry in logs if entry["event"] == "listen_off_polling"]
             if listen_dsn is None:
                 assert len(said) == 1 and said[0]["pooler"] == "transaction"
+                assert listening == 0
             else:
                 assert said == []
+                assert listening == 1
                 assert took_s < 10, took_s  # woken by NOTIFY, not by the 60 s poll
+
+
+async def _listen_sessions(direct_dsn: str, worker_id: str) -> int:
+    """The server sessions whose last statement was the worker's LISTEN."""
+    admin = await asyncpg.connect(direct_dsn)
+    try:
+        return int(await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+            " AND query LIKE 'LISTEN%'", f"wal-engine:{worker_id}:listen"))
+    finally:
+        await admin.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
