@@ -417,11 +417,6 @@ class Database:
         settings = ({"application_name": application_name} if role_carries else
                     session_settings(chosen, application_name, tasks_max=tasks_max,
                                      required=required))
-        options: dict[str, Any] = {"server_settings": settings}
-        if pooler is not None:
-            options = poolers.connection_options(pooler, settings)
-            options["init"] = lambda connection: poolers.apply_carried(
-                connection, pooler, settings)
         try:
             pool = await asyncpg.create_pool(
                 resolved,
@@ -431,7 +426,7 @@ class Database:
                 timeout=limits.connect_timeout_s,
                 command_timeout=limits.command_timeout_s,
                 reset=_release_connection,
-                **options,
+                **poolers.pool_options(pooler, settings),
             )
         except Exception as error:
             raise connect_failure(resolved, error) from error

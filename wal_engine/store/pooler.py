@@ -229,6 +229,21 @@ def connection_options(pooler: str | None, settings: Mapping[str, str]) -> dict[
     return options
 
 
+def pool_options(pooler: str | None, settings: Mapping[str, str]) -> dict[str, Any]:
+    """The options of ``asyncpg.create_pool`` for ``pooler``: :func:`connection_options`
+    and, through a pooler, the ``init`` that applies what the startup packet cannot."""
+    if pooler is None:
+        return {"server_settings": dict(settings)}
+    options = connection_options(pooler, settings)
+    fixed = dict(settings)
+
+    async def init(connection: asyncpg.Connection) -> None:
+        await apply_carried(connection, pooler, fixed)
+
+    options["init"] = init
+    return options
+
+
 async def apply_carried(connection: asyncpg.Connection, pooler: str | None,
                         settings: Mapping[str, str]) -> None:
     """After connecting: set what the startup packet could not carry, for the session

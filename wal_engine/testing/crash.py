@@ -302,15 +302,10 @@ async def open_database(dsn: str, *, command_timeout_s: float | None = None,
 
     tenant = resolve_tenant(tenant)
     pooler = poolers.resolve_pooler(None)  # WAL_ENGINE_POOLER, as connect() reads it
-    settings = session_settings(tenant, application_name)
-    options: dict[str, Any] = {"server_settings": settings}
-    if pooler is not None:
-        options = poolers.connection_options(pooler, settings)
-        options["init"] = lambda connection: poolers.apply_carried(connection, pooler,
-                                                                   settings)
     pool = await asyncpg.create_pool(
         dsn, min_size=1, max_size=pool_size_max, timeout=limits.connect_timeout_s,
-        command_timeout=command_timeout_s or limits.command_timeout_s, **options)
+        command_timeout=command_timeout_s or limits.command_timeout_s,
+        **poolers.pool_options(pooler, session_settings(tenant, application_name)))
     assert pool is not None
     return Database(pool, dsn, tenant=tenant, pooler=pooler)
 
