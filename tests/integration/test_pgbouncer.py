@@ -347,3 +347,34 @@ async def test_tenants_sharing_a_transaction_pool_stay_apart(pg_server: TestServ
 
 async def _echo(ctx: AgentContext, task_input: Any) -> Any:
     return task_input
+
+
+async def test_a_statement_never_joins_a_transaction_no_one_holds(pg_server: TestServer,
+                                                                   direct_dsn: str) -> None:
+    """A BEGIN whose caller was cancelled while it ran leaves a transaction open that no
+    asyncpg Transaction holds (the W7 fault test hit it on the group commit's kept
+    connection): the next statement carrying the settings rolls it back and commits on its
+    own, instead of joining it and being acknowledged but never committed."""
+    from wal_engine.store.connection import connect_once, session_settings
+
+    admin = await asyncpg.connect(direct_dsn)
+    await admin.execute("CREATE TABLE pb_probe (n int)")
+    try:
+        with PgBouncer.in_front_of(pg_server.admin_dsn, pool_mode="transaction") as bouncer:
+            connection = await connect_once(bouncer.via(direct_dsn),
+                                            session_settings("default", "probe"),
+                                            pooler="transaction")
+            try:
+                # What a cancelled Transaction.start() leaves: BEGIN ran, nothing holds it.
+                await asyncpg.Connection.execute(connection, "BEGIN")
+                assert connection.is_in_transaction()
+                with capture_logs() as logs:
+                    await connection.execute("INSERT INTO pb_probe VALUES ($1)", 1)
+                assert not connection.is_in_transaction()
+                assert [entry["event"] for entry in logs] == [
+                    "pooled_connection_transaction_abandoned_rolled_back"]
+            finally:
+                await connection.close()
+        assert await admin.fetchval("SELECT count(*) FROM pb_probe WHERE n = 1") == 1
+    finally:
+        await admin.close()

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import asyncpg
+from asyncpg.transaction import TransactionState
 
 from wal_engine.errors import ConfigurationError
 from wal_engine.observability.logs import get_logger
@@ -119,6 +120,9 @@ def set_config_sql(settings: Mapping[str, str], *, local: bool) -> str | None:
     return f"SELECT {calls}"
 
 
+_TRANSACTION_ENDS: Final = ("COMMIT", "ROLLBACK", "RELEASE", "END", "ABORT")
+
+
 class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
     """An asyncpg connection for a transaction pooler (``connection_class=``).
 
@@ -170,16 +174,43 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
         self._wal_described = None
         super()._drop_local_statement_cache()
 
+    async def _own_transaction(self) -> bool:
+        """Whether a transaction the caller opened (asyncpg's ``transaction()``, started)
+        is in progress: statements then join it. A transaction open on the server that
+        no one holds is rolled back first: a ``BEGIN`` whose caller was cancelled while it
+        ran leaves one (asyncpg's ``start()`` raised, so no ``__aexit__`` ends it), and a
+        statement that joined it would be acknowledged and never committed (the W7 fault
+        test found appends lost that way on the group commit's kept connection). It holds
+        nothing of anyone's: only the BEGIN and its settings."""
+        top: Any = getattr(self, "_top_xact", None)
+        if top is not None and top._state is TransactionState.STARTED:
+            return True
+        if top is not None and top._state is not TransactionState.NEW:
+            self._top_xact = None  # A start or an end that failed or was cancelled.
+        if self._top_xact is None and self.is_in_transaction():
+            log.warning("pooled_connection_transaction_abandoned_rolled_back")
+            await super().execute("ROLLBACK")
+        return False
+
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:  # noqa: ASYNC109
         carried = self._wal_carried
-        if carried is None or self.is_in_transaction():
+        if carried is None or (not args and query.lstrip()[:8].upper().startswith(
+                _TRANSACTION_ENDS)):
+            # asyncpg's commit and rollback clear _top_xact before they send theirs.
+            return str(await super().execute(query, *args, timeout=timeout))
+        top: Any = self._top_xact
+        if not args and top is not None and top._state is TransactionState.NEW:
+            # asyncpg's Transaction.start() sending its BEGIN or SAVEPOINT.
+            if top._nested:
+                return str(await super().execute(query, timeout=timeout))
+            if self.is_in_transaction():
+                log.warning("pooled_connection_transaction_abandoned_rolled_back")
+                await super().execute("ROLLBACK")
+            return str(await super().execute(f"{query.rstrip().rstrip(';')}; {carried}",
+                                             timeout=timeout))
+        if await self._own_transaction():
             return str(await super().execute(query, *args, timeout=timeout))
         if not args:
-            head = query.lstrip()[:5].upper()
-            if head.startswith(("BEGIN", "START")):
-                # asyncpg's Transaction.start(): the transaction begins carrying them.
-                return str(await super().execute(f"{query.rstrip().rstrip(';')}; {carried}",
-                                                 timeout=timeout))
             # One simple query is one implicit transaction: set, then run.
             return str(await super().execute(f"{carried}; {query}", timeout=timeout))
         async with self.transaction():
@@ -187,7 +218,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None,  # noqa: ASYNC109
                     record_class: Any = None) -> list[Any]:
-        if self._wal_carried is None or self.is_in_transaction():
+        if self._wal_carried is None or await self._own_transaction():
             return list(await super().fetch(query, *args, timeout=timeout,
                                             record_class=record_class))
         async with self.transaction():
@@ -196,7 +227,7 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
 
     async def fetchrow(self, query: str, *args: Any, timeout: float | None = None,  # noqa: ASYNC109
                        record_class: Any = None) -> Any:
-        if self._wal_carried is None or self.is_in_transaction():
+        if self._wal_carried is None or await self._own_transaction():
             return await super().fetchrow(query, *args, timeout=timeout,
                                           record_class=record_class)
         async with self.transaction():
@@ -205,14 +236,14 @@ class TransactionPooledConnection(asyncpg.Connection):  # type: ignore[misc]
 
     async def fetchval(self, query: str, *args: Any, column: int = 0,
                        timeout: float | None = None) -> Any:  # noqa: ASYNC109
-        if self._wal_carried is None or self.is_in_transaction():
+        if self._wal_carried is None or await self._own_transaction():
             return await super().fetchval(query, *args, column=column, timeout=timeout)
         async with self.transaction():
             return await super().fetchval(query, *args, column=column, timeout=timeout)
 
     async def executemany(self, command: str, args: Any, *,
                           timeout: float | None = None) -> None:  # noqa: ASYNC109
-        if self._wal_carried is None or self.is_in_transaction():
+        if self._wal_carried is None or await self._own_transaction():
             await super().executemany(command, args, timeout=timeout)
             return
         async with self.transaction():
