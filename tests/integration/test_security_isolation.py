@@ -295,7 +295,7 @@ async def test_the_audit_view_shows_a_tenants_role_its_own_events(
     events; a superuser sees none until it names a tenant by SET wal.tenant."""
     connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_A))
     try:
-        # No setting sent: the role's own default, its tenant (decision 62).
+        # No setting sent: the role's own default, its tenant (decision 63).
         assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") == \
             TENANT_A
         own = await connection.fetchval("SELECT count(*) FROM wal_events")
