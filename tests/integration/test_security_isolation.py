@@ -233,7 +233,7 @@ def _unexpected(found: dict[str, Any]) -> dict[str, Any]:
                  "save snapshot"):
         allowed[name] = NOTHING_OR_REFUSED
     # After RESET the role's own default names B itself (wal-engine tenant create sets it,
-    # decision 64): the row goes to B's own log, the second time onto the same key there.
+    # decision 66): the row goes to B's own log, the second time onto the same key there.
     allowed["insert event (default tenant)"] = NOTHING_OR_REFUSED | {UNIQUE_VIOLATION}
     for name in ("insert event", "insert task", "insert worker", "map to A", "remap self",
                  "spend as owner", "cap as owner"):
@@ -295,7 +295,7 @@ async def test_the_audit_view_shows_a_tenants_role_its_own_events(
     events; a superuser sees none until it names a tenant by SET wal.tenant."""
     connection = await asyncpg.connect(await tenant_roles.dsn(TENANT_A))
     try:
-        # No setting sent: the role's own default, its tenant (decision 64).
+        # No setting sent: the role's own default, its tenant (decision 66).
         assert await connection.fetchval("SELECT current_setting('wal.tenant', true)") == \
             TENANT_A
         own = await connection.fetchval("SELECT count(*) FROM wal_events")

@@ -95,7 +95,7 @@ SELECT g.rolname FROM pg_auth_members m
 
 # The tenant as the role's own default in this database: through a transaction pooler the
 # engine sends no startup parameter, and each transaction then finds its tenant here (row
-# security keys on the role anyway; decision 64).
+# security keys on the role anyway; decision 66).
 TENANT_DEFAULT: Final = """
 SELECT format('ALTER ROLE %I IN DATABASE %I SET wal.tenant = %L', $1::text,
               current_database(), $2::text)

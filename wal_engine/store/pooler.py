@@ -1,7 +1,7 @@
 """Running through a connection pooler (PgBouncer 1.18) in session or transaction mode.
 
 ``connect(..., pooler=)`` (default ``WAL_ENGINE_POOLER``) says what sits between the engine
-and PostgreSQL; ``docs/pgbouncer.md`` is the operator's page, decision 64 of
+and PostgreSQL; ``docs/pgbouncer.md`` is the operator's page, decision 66 of
 ``docs/architecture.md`` the reasons. What changes:
 
 * **Startup parameters.** PgBouncer 1.18 keeps only a few per client (``application_name``,
