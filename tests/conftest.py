@@ -36,6 +36,8 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+TEST_POOLER_ENV = "WAL_ENGINE_TEST_POOLER"
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[TestServer]:
@@ -54,11 +56,39 @@ async def database_factory(pg_server: TestServer) -> AsyncIterator[DatabaseFacto
     await factory.drop_all()
 
 
+@pytest.fixture(scope="session")
+def test_pooler(pg_server: TestServer) -> Iterator[Any]:
+    """With WAL_ENGINE_TEST_POOLER=transaction|session: a PgBouncer in that pool mode in
+    front of the session's server, through which ``database_dsn`` (and so ``database``
+    and ``engine``) connect, and WAL_ENGINE_POOLER set to match for every engine the tests
+    open (the CLI's too). Else None. (docs/pgbouncer.md, "The test suite through it".)"""
+    mode = os.environ.get(TEST_POOLER_ENV) or None
+    if mode is None:
+        yield None
+        return
+    from wal_engine.store.pooler import POOLER_ENV
+    from wal_engine.testing.pgbouncer import PgBouncer
+
+    bouncer = PgBouncer.in_front_of(pg_server.admin_dsn, pool_mode=mode).start()
+    saved = os.environ.get(POOLER_ENV)
+    os.environ[POOLER_ENV] = mode
+    try:
+        yield bouncer
+    finally:
+        if saved is None:
+            os.environ.pop(POOLER_ENV, None)
+        else:
+            os.environ[POOLER_ENV] = saved
+        bouncer.close()
+
+
 @pytest_asyncio.fixture
-async def database_dsn(database_factory: DatabaseFactory) -> AsyncIterator[str]:
-    """DSN of a fresh database with the schema applied, dropped after the test."""
+async def database_dsn(database_factory: DatabaseFactory, test_pooler: Any
+                       ) -> AsyncIterator[str]:
+    """DSN of a fresh database with the schema applied, dropped after the test (through
+    the session's PgBouncer under WAL_ENGINE_TEST_POOLER)."""
     dsn = await database_factory.create()
-    yield dsn
+    yield dsn if test_pooler is None else test_pooler.via(dsn)
     await database_factory.drop(dsn)
 
 

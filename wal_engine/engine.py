@@ -828,7 +828,8 @@ async def connect(dsn: str | None = None, *, config: EngineConfig | None = None,
             dsn, max_size=chosen.pool_size_max, migrate=chosen.migrate,
             require_synchronous_commit=chosen.require_synchronous_commit,
             development=chosen.development, tenant=chosen.tenant, tasks_max=chosen.tasks_max,
-            statement_timeout_ms=chosen.statement_timeout_ms,
+            statement_timeout_ms=chosen.statement_timeout_ms, pooler=chosen.pooler,
+            listen_dsn=chosen.listen_dsn,
         )
 
     database = await (_waiting_for_database(open_database, chosen.connect_wait_s)
@@ -1014,6 +1015,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             :class:`~wal_engine.errors.DatabaseUnavailable`; logs ``database_waiting`` per
             attempt and ``database_ready`` once connected. 0 (the default): no wait. A
             wrong password or database name is raised at once.
+        pooler: What sits between the engine and PostgreSQL: ``"transaction"`` or
+            ``"session"`` (a PgBouncer 1.18+ pool mode), or None, a direct connection
+            (default ``WAL_ENGINE_POOLER``). Through a pooler the engine sends only the
+            startup parameters it keeps and carries its settings per session or per
+            transaction (``docs/pgbouncer.md``).
+        listen_dsn: A direct DSN (no transaction pooler) for the workers' LISTEN session
+            (default ``WAL_ENGINE_LISTEN_DSN``); through a transaction pooler without one,
+            workers find new work by polling (``poll_ms``).
     """
 
     payload_bytes_max: int = limits.payload_bytes_max
@@ -1032,6 +1041,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     recovery_attempts_max: int = recovery_attempts_max_default
     unavailable_retry_s: float = UNAVAILABLE_RETRY_S_DEFAULT
     connect_wait_s: float = 0.0
+    pooler: str | None = None
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("unavailable_retry_s", "connect_wait_s"):
@@ -1071,6 +1082,8 @@ class EngineOptions(TypedDict, total=False):
     recovery_attempts_max: int
     unavailable_retry_s: float
     connect_wait_s: float
+    pooler: str | None
+    listen_dsn: str | None
 
 
 class WorkerOptions(TypedDict, total=False):

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 from typing import Any
 
-import asyncpg
 import pytest
 
 from tests.fault import ledger_agents
@@ -111,8 +110,7 @@ async def test_l4_concurrent_sweepers_orphan_once_and_spare_live_leases(
         "UPDATE wal_tasks SET lease_expires_at = now() - interval '1 second'")
     # Sweepers are bound to the tenant like every engine connection (wal_break_leases
     # breaks only the leases of its session's tenant).
-    sweepers = [await asyncpg.connect(database_dsn,
-                                      server_settings={"wal.tenant": ledgered.tenant})
+    sweepers = [await ledgered.database.connect_session("wal-engine:sweeper")
                 for _ in range(4)]
     try:
         broken = await asyncio.gather(*(s.fetch("SELECT * FROM wal_break_leases(100)")

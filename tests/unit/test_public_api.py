@@ -238,7 +238,8 @@ SIGNATURES = {
         "tasks_max: 'int | None' = None, events_per_task_max: 'int' = 10000000, "
         "llm_spend_max_usd: 'float | None' = None, statement_timeout_ms: 'int' = 30000, "
         "recovery_attempts_max: 'int' = 20, unavailable_retry_s: 'float' = 30.0, "
-        "connect_wait_s: 'float' = 0.0)"
+        "connect_wait_s: 'float' = 0.0, pooler: 'str | None' = None, listen_dsn: "
+        "'str | None' = None)"
     ),
     'LlmResponse': (
         "(*, content: 'Any' = None, input_tokens: 'int' = 0, output_tokens: 'int' = 0, "

@@ -89,12 +89,16 @@ class LeaseKeeper:
         stall_abandon_ms: A loop stalled this long is presumed wedged: its leases lapse.
         on_lost: Called on the worker's loop with ``(task_id, epoch)`` when a renewal
             finds a lease taken over.
+        pooler: The connection pooler in front of the database (``"transaction"``,
+            ``"session"`` or None; :mod:`wal_engine.store.pooler`).
     """
 
     def __init__(self, *, dsn: str, session_settings: Mapping[str, str], lease_ttl_ms: int,
                  heartbeat_ms: int, stall_warn_ms: int, stall_abandon_ms: int,
-                 on_lost: Callable[[str, int], None], worker_id: str) -> None:
+                 on_lost: Callable[[str, int], None], worker_id: str,
+                 pooler: str | None = None) -> None:
         self.dsn = dsn
+        self.pooler = pooler
         self.worker_id = worker_id
         self.session_settings = dict(session_settings)
         self.lease_ttl_ms = lease_ttl_ms
@@ -206,7 +210,8 @@ class LeaseKeeper:
                              attempt=attempt, delay_s=round(delay_s, 3))
 
         return await retrying(RECONNECT_RETRY,
-                              lambda: connect_once(self.dsn, self.session_settings),
+                              lambda: connect_once(self.dsn, self.session_settings,
+                                                   pooler=self.pooler),
                               retry_if=_outage, key=f"{self.worker_id}:heartbeat",
                               on_retry=failed, sleep=pause)
 

@@ -68,7 +68,6 @@ from wal_engine.store import queries
 from wal_engine.store.connection import (
     CONNECTION_ERRORS,
     UNAVAILABLE_ERRORS,
-    connect_once,
     is_outage,
     is_unavailable,
 )
@@ -206,7 +205,8 @@ class Worker:
                 f"wal-engine:{self.worker_id}:heartbeat"),
             lease_ttl_ms=config.lease_ttl_ms, heartbeat_ms=config.heartbeat_ms,
             stall_warn_ms=config.stall_warn_ms, stall_abandon_ms=config.stall_abandon_ms,
-            on_lost=self._lease_lost, worker_id=self.worker_id)
+            on_lost=self._lease_lost, worker_id=self.worker_id,
+            pooler=services.database.pooler)
         self.executor: SyncPool | None = None
 
     @property
@@ -476,6 +476,14 @@ class Worker:
             await connection.fetch(queries.QUEUE_STATS, queue_rows_max)))
 
     async def _listen_loop(self) -> None:
+        if not self.services.database.listens:
+            # A transaction pooler hands each transaction any server connection: a LISTEN
+            # there hears nothing (docs/pgbouncer.md). Claims come every poll_ms instead.
+            self.log.warning("listen_off_polling", pooler=self.services.database.pooler,
+                             poll_ms=self.config.poll_ms,
+                             fix="pass listen_dsn= (a direct DSN) to connect()")
+            return
+
         async def listen(connection: asyncpg.Connection) -> None:
             closed = asyncio.Event()
             connection.add_termination_listener(lambda *_: closed.set())
@@ -511,7 +519,7 @@ class Worker:
         ``interval_s``.
         """
         database = self.services.database
-        settings = database.session_settings(f"wal-engine:{self.worker_id}:{role}")
+        name = f"wal-engine:{self.worker_id}:{role}"
 
         def connect_failed(error: BaseException, attempt: int, delay_s: float) -> None:
             self.log.warning("worker_connect_failed", role=role, error=repr(error),
@@ -519,7 +527,8 @@ class Worker:
 
         while not self._closing:
             connection = await retrying(
-                RECONNECT_RETRY, lambda: connect_once(database.dsn, settings),
+                RECONNECT_RETRY,
+                lambda: database.connect_session(name, listen=role == "listen"),
                 retry_if=_outage, key=f"{self.worker_id}:{role}", on_retry=connect_failed)
             try:
                 while not self._closing:

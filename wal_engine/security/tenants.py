@@ -93,6 +93,14 @@ SELECT g.rolname FROM pg_auth_members m
  ORDER BY 1 LIMIT 20
 """
 
+# The tenant as the role's own default in this database: through a transaction pooler the
+# engine sends no startup parameter, and each transaction then finds its tenant here (row
+# security keys on the role anyway; decision 66).
+TENANT_DEFAULT: Final = """
+SELECT format('ALTER ROLE %I IN DATABASE %I SET wal.tenant = %L', $1::text,
+              current_database(), $2::text)
+"""
+
 REVOKE_MEMBERSHIP: Final = "SELECT format('REVOKE %I FROM %I', $2::text, $1::text)"
 
 INSERT_MAPPING: Final = """
@@ -267,6 +275,7 @@ async def create_tenant(
                            connection_limit=connection_limit,
                            statement_timeout_ms=statement_timeout_ms,
                            idle_in_transaction_timeout_ms=idle_in_transaction_timeout_ms)
+        await _execute_formatted(connection, TENANT_DEFAULT, name, tenant)
         await connection.execute(INSERT_MAPPING, name, tenant)
     return TenantCredentials(tenant=tenant, role=name, password=secret,
                              dsn=dsn_for_role(dsn, name, secret))
@@ -305,6 +314,7 @@ async def rotate_tenant(
                            connection_limit=connection_limit,
                            statement_timeout_ms=statement_timeout_ms,
                            idle_in_transaction_timeout_ms=idle_in_transaction_timeout_ms)
+        await _execute_formatted(connection, TENANT_DEFAULT, name, str(row["tenant"]))
         await connection.execute(MARK_ROTATED, row["tenant"])
     if terminate:
         await connection.fetchval(TERMINATE_SESSIONS, name)

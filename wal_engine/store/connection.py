@@ -32,6 +32,7 @@ from wal_engine.ids import DEFAULT_TENANT, validate_tenant
 from wal_engine.observability.logs import capture_driver_logs, get_logger
 from wal_engine.retries import STATEMENT_RETRY, retrying
 from wal_engine.security.roles import RoleReport, enforce_runtime_role, required_settings
+from wal_engine.store import pooler as poolers
 from wal_engine.store import queries, sqlstate
 from wal_engine.store.hosts import connect_any
 
@@ -173,15 +174,30 @@ async def ensure_database(server_dsn: str, database: str) -> None:
         await connection.close()
 
 
-async def connect_once(dsn: str, settings: Mapping[str, str] | None = None
-                       ) -> asyncpg.Connection:
+async def connect_once(dsn: str, settings: Mapping[str, str] | None = None, *,
+                       pooler: str | None = None) -> asyncpg.Connection:
     """One connection outside any pool (a dedicated session: sweep, LISTEN, renewals);
-    every failure to open it is :class:`DatabaseUnavailable`."""
+    every failure to open it is :class:`DatabaseUnavailable`. Through a ``pooler``
+    (:mod:`wal_engine.store.pooler`) the settings it would refuse at start-up are set
+    after connecting or carried by each transaction."""
     try:
-        return await connect_any(dsn, timeout=limits.connect_timeout_s,
-                                 server_settings=None if settings is None else dict(settings))
+        if pooler is None:
+            return await connect_any(
+                dsn, timeout=limits.connect_timeout_s,
+                server_settings=None if settings is None else dict(settings))
+        connection = await connect_any(dsn, timeout=limits.connect_timeout_s,
+                                       **poolers.connection_options(pooler, settings or {}))
     except Exception as error:
         raise connect_failure(dsn, error) from error
+    try:
+        await poolers.apply_carried(connection, pooler, settings or {})
+    except BaseException as error:
+        connection.terminate()
+        translated = connect_failure(dsn, error)
+        if translated is error or not isinstance(error, Exception):
+            raise
+        raise translated from error
+    return connection
 
 
 _connect_once = connect_once  # The name the CLI modules import.
@@ -288,7 +304,8 @@ class Database:
 
     def __init__(self, pool: asyncpg.Pool, dsn: str, *, tenant: str = DEFAULT_TENANT,
                  tasks_max: int | None = None,
-                 required: dict[str, str] | None = None) -> None:
+                 required: dict[str, str] | None = None, pooler: str | None = None,
+                 listen_dsn: str | None = None, role_carries: bool = False) -> None:
         self.pool = pool
         self.dsn = dsn
         self.dsn_redacted = redact_dsn(dsn)
@@ -298,11 +315,39 @@ class Database:
         """The engine's cap on the tenant's tasks (None: only the administrator's)."""
         self.required = required_settings() if required is None else dict(required)
         """The settings every connection sends at its start (decision 35)."""
+        self.pooler = pooler
+        """``"transaction"``, ``"session"`` or None (:mod:`wal_engine.store.pooler`)."""
+        self.listen_dsn = listen_dsn
+        """A direct DSN for LISTEN (through a transaction pooler), or None."""
+        self.role_carries = role_carries
+        """Through a transaction pooler: the login role's own defaults carry the tenant
+        and the required settings, so transactions need not."""
 
     def session_settings(self, application_name: str) -> dict[str, str]:
-        """Startup parameters for another connection of this database (same tenant)."""
+        """Startup parameters for another connection of this database (same tenant); only
+        the application name when the login role carries the rest through a transaction
+        pooler."""
+        if self.role_carries:
+            return {"application_name": application_name}
         return session_settings(self.tenant, application_name, tasks_max=self.tasks_max,
                                 required=self.required)
+
+    @property
+    def listens(self) -> bool:
+        """Whether a worker can LISTEN (directly, through a session pooler, or on
+        ``listen_dsn``); through a transaction pooler without one it polls."""
+        return self.pooler != poolers.TRANSACTION or self.listen_dsn is not None
+
+    async def connect_session(self, application_name: str, *,
+                              listen: bool = False) -> asyncpg.Connection:
+        """A dedicated session of this database (sweep, LISTEN, renewals); LISTEN goes to
+        ``listen_dsn`` when there is one."""
+        if listen and self.listen_dsn is not None:
+            return await connect_once(self.listen_dsn, session_settings(
+                self.tenant, application_name, tasks_max=self.tasks_max,
+                required=self.required))
+        return await connect_once(self.dsn, self.session_settings(application_name),
+                                  pooler=self.pooler)
 
     @classmethod
     async def open(
@@ -318,6 +363,8 @@ class Database:
         development: bool | None = None,
         tenant: str | None = None,
         tasks_max: int | None = None,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> Database:
         """Resolve the DSN, open a pool, run the security self-test, apply or check the
         schema, check durability.
@@ -332,9 +379,13 @@ class Database:
         roles serve ``tenant`` (default ``"default"``); a role that is neither mapped nor
         able to take the owner's rights would see nothing and is refused. Only a role that
         could take the owner's rights migrates; ``tasks_max`` caps the tenant's tasks.
+        ``pooler`` (default ``WAL_ENGINE_POOLER``) and ``listen_dsn`` (default
+        ``WAL_ENGINE_LISTEN_DSN``): see :mod:`wal_engine.store.pooler`.
         """
         capture_driver_logs()
         requested = requested_tenant(tenant)
+        pooler = poolers.resolve_pooler(pooler)
+        listen_dsn = poolers.resolve_listen_dsn(listen_dsn)
         if tasks_max is not None and tasks_max < 0:
             raise ConfigurationError("tasks_max must be >= 0")
         embedded_dsn = not dsn and not os.environ.get(DSN_ENV)
@@ -344,9 +395,10 @@ class Database:
         required = required_settings(synchronous_commit=require_synchronous_commit,
                                      read_only=dsn_requests_read_only(resolved),
                                      statement_timeout_ms=statement_timeout_ms)
-        first = await _connect_once(resolved, session_settings(
+        first = await connect_once(resolved, session_settings(
             requested or DEFAULT_TENANT, application_name, tasks_max=tasks_max,
-            required=required))
+            required=required), pooler=pooler)
+        role_carries = False
         try:
             report = await enforce_runtime_role(
                 first, development=development, embedded_dsn=embedded_dsn,
@@ -355,6 +407,9 @@ class Database:
                 chosen = await _tenant_of_role(first, report, requested)
                 await _prepare_database(first, resolved, migrate, report.may_administer,
                                         require_synchronous_commit)
+                if pooler == poolers.TRANSACTION:
+                    role_carries = await poolers.role_carries(
+                        first, report, chosen, tasks_max, required)
             except asyncpg.InsufficientPrivilegeError as error:
                 raise TenantRoleRefused(report.role, no_privileges(report.role, error)
                                         ) from error
@@ -364,6 +419,9 @@ class Database:
             raise _open_failure(resolved, error) from error
         finally:
             await first.close()
+        settings = ({"application_name": application_name} if role_carries else
+                    session_settings(chosen, application_name, tasks_max=tasks_max,
+                                     required=required))
         try:
             pool = await asyncpg.create_pool(
                 resolved,
@@ -372,14 +430,14 @@ class Database:
                 max_size=max_size,
                 timeout=limits.connect_timeout_s,
                 command_timeout=limits.command_timeout_s,
-                server_settings=session_settings(chosen, application_name,
-                                                 tasks_max=tasks_max, required=required),
                 reset=_release_connection,
+                **poolers.pool_options(pooler, settings),
             )
         except Exception as error:
             raise connect_failure(resolved, error) from error
         assert pool is not None
-        return cls(pool, resolved, tenant=chosen, tasks_max=tasks_max, required=required)
+        return cls(pool, resolved, tenant=chosen, tasks_max=tasks_max, required=required,
+                   pooler=pooler, listen_dsn=listen_dsn, role_carries=role_carries)
 
     async def close(self) -> None:
         """Close the pool (waits for connections in use to be released)."""
@@ -424,7 +482,8 @@ class Database:
             if connection is not None:
                 return list(await connection.fetch(query, *args))
             if fresh:
-                own = await _connect_once(self.dsn, self.session_settings("wal-engine:resolve"))
+                own = await connect_once(self.dsn, self.session_settings("wal-engine:resolve"),
+                                         pooler=self.pooler)
                 try:
                     sent = True
                     return list(await own.fetch(query, *args))

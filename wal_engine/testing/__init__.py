@@ -19,6 +19,8 @@ What is here (see ``docs/testing.md`` for a walk-through):
   check of :mod:`wal_engine.runtime.replayer`, the CLI's ``replay``) and history files.
 * :mod:`wal_engine.testing.invariants`: the invariant checks (I1-I14).
 * :mod:`wal_engine.testing.proxy`: a TCP proxy for network faults.
+* :mod:`wal_engine.testing.pgbouncer`: a real PgBouncer in front of a test server
+  (``docs/pgbouncer.md``).
 * :mod:`wal_engine.testing.clock`: ``ManualClock``, a clock for tests that skip time.
 
 Names are loaded lazily, so importing this package pulls in neither Hypothesis nor pytest;

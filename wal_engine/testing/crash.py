@@ -297,15 +297,17 @@ async def open_database(dsn: str, *, command_timeout_s: float | None = None,
     import asyncpg
 
     from wal_engine import limits
+    from wal_engine.store import pooler as poolers
     from wal_engine.store.connection import resolve_tenant, session_settings
 
     tenant = resolve_tenant(tenant)
+    pooler = poolers.resolve_pooler(None)  # WAL_ENGINE_POOLER, as connect() reads it
     pool = await asyncpg.create_pool(
         dsn, min_size=1, max_size=pool_size_max, timeout=limits.connect_timeout_s,
         command_timeout=command_timeout_s or limits.command_timeout_s,
-        server_settings=session_settings(tenant, application_name))
+        **poolers.pool_options(pooler, session_settings(tenant, application_name)))
     assert pool is not None
-    return Database(pool, dsn, tenant=tenant)
+    return Database(pool, dsn, tenant=tenant, pooler=pooler)
 
 
 async def connect_engine(dsn: str, *, command_timeout_s: float | None = None,

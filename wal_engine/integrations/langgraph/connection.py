@@ -15,7 +15,8 @@ import asyncpg
 
 from wal_engine import limits
 from wal_engine.store import Database
-from wal_engine.store.connection import connect_failure, session_settings
+from wal_engine.store.connection import connect_failure
+from wal_engine.store.pooler import pool_options
 
 pool_size_max: Final = 10
 """Connections of the saver's pool (LangGraph writes one thread's steps one at a time)."""
@@ -45,10 +46,12 @@ async def open_database(dsn: str | None = None, *, max_size: int = pool_size_max
             max_size=max_size,
             timeout=limits.connect_timeout_s,
             command_timeout=limits.command_timeout_s,
-            server_settings=session_settings(tenant, "wal-engine:langgraph"),
             reset=_keep_session,
+            # Through a pooler: its settings as the engine's travel (docs/pgbouncer.md).
+            **pool_options(checked.pooler, checked.session_settings("wal-engine:langgraph")),
         )
     except Exception as error:
         raise connect_failure(resolved, error) from error
     assert pool is not None
-    return Database(pool, resolved, tenant=tenant)
+    return Database(pool, resolved, tenant=tenant, pooler=checked.pooler,
+                    listen_dsn=checked.listen_dsn, role_carries=checked.role_carries)
