@@ -625,8 +625,8 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     """Fill both databases, measure both, return the document."""
     print(f"filling: empty fixture {args.empty_tasks:,} tasks / {args.empty_events:,} events;"
           f" filled {args.tasks:,} tasks / {args.events:,} events", flush=True)
-    empty_dsn = await create_database(admin_dsn, "scale_empty")
-    filled_dsn = await create_database(admin_dsn, "scale_filled")
+    empty_dsn = await create_database(admin_dsn, f"{args.database_prefix}_empty")
+    filled_dsn = await create_database(admin_dsn, f"{args.database_prefix}_filled")
     claims = args.rounds * (args.ops + 2) + 10
     fills = {"empty": await fill(empty_dsn, args.empty_tasks, args.empty_events,
                                  queued=claims),
@@ -728,6 +728,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="leave the server's data")
     parser.add_argument("--fsync", action="store_true", help="run the server with fsync on")
     parser.add_argument("--admin-dsn", help="use this server instead of starting one")
+    parser.add_argument("--database-prefix", default="scale",
+                        help="the databases are <prefix>_empty and <prefix>_filled")
     parser.add_argument("--json", type=Path, dest="json_path")
     parser.add_argument("--no-json", action="store_true")
     parser.add_argument("--worker", nargs=3, metavar=("DSN", "ID", "CONCURRENCY"),
@@ -737,7 +739,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def main(args: argparse.Namespace) -> int:
     if args.admin_dsn:
-        document = await run(args, args.admin_dsn)
+        try:
+            document = await run(args, args.admin_dsn)
+        finally:
+            if not args.keep:
+                admin = await asyncpg.connect(args.admin_dsn)
+                try:
+                    for side in ("empty", "filled"):
+                        await admin.execute(f'DROP DATABASE IF EXISTS'
+                                            f' "{args.database_prefix}_{side}" WITH (FORCE)')
+                finally:
+                    await admin.close()
     else:
         root = Path(tempfile.mkdtemp(prefix="wal-scale-", dir=args.data_dir or "/var/tmp"))
         server = EmbeddedPostgres(root / "pgdata", fsync=args.fsync)
