@@ -379,14 +379,6 @@ CREATE INDEX IF NOT EXISTS wal_tasks_waking_by_tenant ON wal_tasks (tenant, wake
 CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_tenant ON wal_tasks (tenant, lease_expires_at)
     WHERE status IN ('RUNNING', 'CHECKPOINTED');
 CREATE INDEX IF NOT EXISTS wal_tasks_by_tenant_status ON wal_tasks (tenant, status, created_at);
--- The claim's order (wal_claim_tasks: due tasks by coalesce(wake_at, created_at), task_id)
--- as an index, so that a claim reads its first due rows instead of sorting every queued
--- task: with 20,000 queued the claim's scan took 16.3 ms (bitmap of the whole queue, top-N
--- sort), 0.03 ms with this index (benchmarks/scale.py, issue 23). A WAITING task with a
--- wake time sorts by it, after every due one; one waiting for a signal only is left out.
-CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
-    ON wal_tasks (tenant, (coalesce(wake_at, created_at)), task_id)
-    WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
 CREATE INDEX IF NOT EXISTS wal_signals_by_tenant_task
     ON wal_signals (tenant, task_id, name, signal_id);
 
@@ -1380,6 +1372,15 @@ CREATE INDEX IF NOT EXISTS wal_tasks_partition_queued
 CREATE INDEX IF NOT EXISTS wal_tasks_partition_started ON wal_tasks (tenant, queue, partition_key)
     WHERE partition_key IS NOT NULL
       AND status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING');
+-- The claim's order (wal_claim_tasks: due tasks by priority, then coalesce(wake_at,
+-- created_at), task_id) as an index, so that a claim reads its first due rows instead of
+-- sorting every queued task: with 20,000 queued the claim's scan took 16.3 ms (bitmap of
+-- the whole queue, top-N sort), 0.03 ms with such an index (benchmarks/scale.py, issue 23).
+-- A WAITING task with a wake time sorts by it, after every due one; one waiting for a
+-- signal only is left out.
+CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
+    ON wal_tasks (tenant, priority DESC, (coalesce(wake_at, created_at)), task_id)
+    WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
 
 DO $queue_policies$
 DECLARE
