@@ -28,7 +28,7 @@ from wal_engine.errors import (
 )
 from wal_engine.state_machine import TRANSITIONS, Status
 from wal_engine.store import Database, PendingAppend, Store, queries
-from wal_engine.store.connection import apply_schema
+from wal_engine.store.connection import SCHEMA_VERSION, apply_schema
 
 
 def message(text: str = "hello") -> ev.MessageAppended:
@@ -286,8 +286,11 @@ async def test_schema_is_idempotent_and_versioned(database_dsn: str) -> None:
     connection = await asyncpg.connect(database_dsn)
     try:
         await apply_schema(connection)
-        await apply_schema(connection)
-        assert await connection.fetchval("SELECT count(*) FROM wal_schema_version") == 1
+        rows = await connection.fetch("SELECT version FROM wal_schema_version ORDER BY 1")
+        await apply_schema(connection, force=True)
+        assert await connection.fetch("SELECT version FROM wal_schema_version ORDER BY 1") \
+            == rows
+        assert max(row["version"] for row in rows) == SCHEMA_VERSION
         await connection.execute("DROP TABLE wal_schema_version")
     finally:
         await connection.close()
