@@ -6,7 +6,9 @@ then lets a superuser through); ``wal-engine --tenant T <command>`` works on ten
 tasks only (default ``WAL_ENGINE_TENANT``, else ``default``); reading commands take
 ``--json`` for one JSON object per line. ``tenant create|list|rotate|disable|enable``
 provisions tenants' login roles on an administrator's DSN. ``schedule
-add|list|pause|resume|delete`` manages cron and interval schedules. ``bench`` hands its arguments
+add|list|pause|resume|delete`` manages cron and interval schedules. ``retention plan|run``
+archives finished tasks older than a policy, then removes them (an administrator's DSN);
+``verify --archive FILE`` checks such an archive offline. ``bench`` hands its arguments
 to the benchmark suite (``python -m benchmarks``). Errors are one line on standard error
 with the exit codes listed in :mod:`wal_engine.cli.common`.
 """
@@ -24,6 +26,7 @@ from wal_engine.cli.gateway import gateway
 from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
 from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
+from wal_engine.cli.retention import retention
 from wal_engine.cli.schedule import schedule
 from wal_engine.cli.setup import setup
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
@@ -42,7 +45,7 @@ def main(tenant: str | None) -> None:
 
 for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
-                gateway, embedded, pending, reconcile, timer, schedule):
+                gateway, embedded, pending, reconcile, timer, schedule, retention):
     main.add_command(command)
 
 __all__ = ["main"]

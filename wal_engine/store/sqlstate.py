@@ -22,6 +22,7 @@ from wal_engine.errors import (
     DuplicateRow,
     IllegalTransition,
     InvalidInput,
+    RetentionRefused,
     TaskQuotaExceeded,
     UnknownTask,
     WalError,
@@ -33,6 +34,7 @@ HEAD_REGRESSED: Final = "WE003"
 UNKNOWN_TASK: Final = "WE004"
 TASK_QUOTA: Final = "WE005"
 CAP_EXCEEDED: Final = "WE008"
+RETENTION_REFUSED: Final = "WE009"
 CHECK_VIOLATION: Final = "23514"
 UNIQUE_VIOLATION: Final = "23505"
 EVENT_BOUNDS: Final = "wal_events_bounds"
@@ -152,6 +154,8 @@ def translate(error: asyncpg.PostgresError, task_id: str | None = None) -> WalEr
     if code == TASK_QUOTA:
         detail = str(error.detail or "")
         return TaskQuotaExceeded(None, int(detail) if detail.isdigit() else None)
+    if code == RETENTION_REFUSED:
+        return RetentionRefused(error.detail or None, str(error))
     if code == CAP_EXCEEDED:
         return CapExceeded(str(error.detail or "cap"), str(error))
     if code == CHECK_VIOLATION and error.constraint_name == EVENT_BOUNDS:
