@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import orjson
 import pytest
 
@@ -21,7 +22,12 @@ from tests.helpers import REPOSITORY, claim, log_snapshot
 from tests.integration.tenant_roles import TenantRoles, sqlstate
 from tests.integration.test_cli_agents import cli, lines
 from wal_engine import events as ev
-from wal_engine.audit.anchor import generate_signing_key, load_public_key, sign_anchor
+from wal_engine.audit.anchor import (
+    Anchor,
+    generate_signing_key,
+    load_public_key,
+    sign_anchor,
+)
 from wal_engine.audit.archive import verify_archive
 from wal_engine.effects.gateway import Claim, IdempotencyGateway
 from wal_engine.errors import TaskArchived, UnknownTask
@@ -108,6 +114,8 @@ async def test_plan_reads_only_and_run_removes_only_old_finished_tasks(
     cutoff = (await _now(store.database)).astimezone(dt.UTC)
     await _finish(store, "late-1")
 
+    anchored = await cli("anchor", str(tmp_path / "before.anchor"), "--dsn", database_dsn)
+    assert anchored.exit_code == 0, anchored.output
     before = await log_snapshot(store.database)
     planned = await cli("retention", "plan", "--before", cutoff.isoformat(), "--dsn",
                         database_dsn, "--json")
@@ -149,6 +157,10 @@ async def test_plan_reads_only_and_run_removes_only_old_finished_tasks(
         checked = await cli("verify", "--archive", str(path), "--public-key", str(public))
         assert checked.exit_code == 0, checked.output
         assert checked.stdout.rstrip().endswith("signature ok): all ok")
+    after = await cli("verify", "--anchor", str(tmp_path / "before.anchor"), "--dsn",
+                      database_dsn)
+    assert after.exit_code == 0, after.output
+    assert "3 archived by retention since (`verify --archive`)): all ok" in after.stdout
     again = await cli("retention", "plan", "--before", cutoff.isoformat(), "--dsn",
                       database_dsn, "--json")
     assert lines(again.stdout)[0]["tasks"] == 0
@@ -189,19 +201,16 @@ async def test_tampered_archive_fails_verify_with_a_clear_finding(
 
     anchor_line = orjson.loads(original[-1])
     anchor_line["anchor"]["heads"][0][2] = "00" * 32
-    forged = original[:-1] + [orjson.dumps(anchor_line) + b"\n"]
+    forged = [*original[:-1], orjson.dumps(anchor_line) + b"\n"]
     findings = verify_archive(variant("forged.jsonl", forged), key).findings
     assert [(f.kind, f.detail) for f in findings] == [
         ("signature", "the anchor's signature does not match its content")]
-
-    from wal_engine.audit.anchor import Anchor
-    import msgspec
 
     anchor = msgspec.convert(orjson.loads(original[-1])["anchor"], type=Anchor)
     other_private, _ = generate_signing_key()
     resigned = sign_anchor(msgspec.structs.replace(anchor, signature=None), other_private)
     line = orjson.dumps({"kind": "anchor", "anchor": msgspec.to_builtins(resigned)}) + b"\n"
-    target = variant("resigned.jsonl", original[:-1] + [line])
+    target = variant("resigned.jsonl", [*original[:-1], line])
     assert [f.detail for f in verify_archive(target, key).findings] == [
         "the anchor is signed by another key"]
     failed = await cli("verify", "--archive", str(target), "--public-key", str(public))
@@ -299,7 +308,7 @@ async def test_crash_between_archive_and_removal_changes_nothing_and_a_rerun_fin
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, stderr = await asyncio.wait_for(process.communicate(), KILL_TIMEOUT_S)
     assert process.returncode == -signal.SIGKILL, stderr.decode()
-    [leftover] = list(tmp_path.glob("wal-archive-*.jsonl"))
+    [leftover] = await asyncio.to_thread(lambda: list(tmp_path.glob("wal-archive-*.jsonl")))
     assert verify_archive(leftover).ok
     assert await log_snapshot(store.database) == before
     assert (await store.database.fetchrow("SELECT count(*) AS n FROM wal_retention_log"))["n"] \
