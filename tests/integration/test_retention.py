@@ -6,6 +6,7 @@ the archive and the removal."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import os
 import signal
@@ -17,6 +18,7 @@ import asyncpg
 import msgspec
 import orjson
 import pytest
+import zstandard
 
 from tests.helpers import REPOSITORY, claim, log_snapshot
 from tests.integration.tenant_roles import TenantRoles, sqlstate
@@ -72,6 +74,11 @@ async def _archive_of(database_dsn: str, store: Store, tmp_path: Path) -> tuple[
     """Two finished tasks archived and removed; the archive and the public key."""
     await _finish(store, "t-1")
     await _finish(store, "t-2", ending="failed")
+    await store.create_task("t-3", "agent", input={"big": "x" * 200_000})  # In wal_blobs.
+    await claim(store.database)
+    head = await store.read_head("t-3")
+    await store.append_events("t-3", [ev.TaskCompleted(output=None)], epoch=head.lease_epoch,
+                              expected_seq=head.head_seq, prev_hash=head.head_hash)
     key, public = _keys(tmp_path)
     archives = tmp_path / "archives"
     archives.mkdir()
@@ -168,8 +175,9 @@ async def test_plan_reads_only_and_run_removes_only_old_finished_tasks(
 
 async def test_tampered_archive_fails_verify_with_a_clear_finding(
         store: Store, database_dsn: str, tmp_path: Path) -> None:
-    """An edited payload, a dropped line, a dropped task, an edited anchor and an anchor
-    re-signed by another key each fail `verify --archive`, naming what is wrong."""
+    """An edited payload, a dropped line, a dropped task, an edited anchor, an anchor
+    re-signed by another key and an altered large value each fail `verify --archive`,
+    naming what is wrong (an untouched archive with a large value verifies)."""
     path, public = await _archive_of(database_dsn, store, tmp_path)
     key = load_public_key(public)
     assert verify_archive(path, key).ok
@@ -193,7 +201,7 @@ async def test_tampered_archive_fails_verify_with_a_clear_finding(
     assert "gap" in findings[0].detail
 
     start = next(i for i, row in enumerate(original) if b'"task_id":"t-2"' in row)
-    end = len(original) - 1
+    end = next(i for i, row in enumerate(original) if b'"task_id":"t-3"' in row)
     no_task = original[:start] + original[end:]
     kinds = {(f.task_id, f.kind) for f in verify_archive(variant("notask.jsonl", no_task),
                                                          key).findings}
@@ -216,6 +224,14 @@ async def test_tampered_archive_fails_verify_with_a_clear_finding(
     failed = await cli("verify", "--archive", str(target), "--public-key", str(public))
     assert failed.exit_code == 1
     assert "archive: FAILED (signature): the anchor is signed by another key" in failed.stdout
+    blob = next(i for i, row in enumerate(original) if b'"kind":"blob"' in row)
+    fields = orjson.loads(original[blob])
+    fields["data"] = base64.b64encode(zstandard.ZstdCompressor().compress(b'"y"')).decode()
+    swapped = [orjson.dumps(fields) + b"\n" if i == blob else row
+               for i, row in enumerate(original)]
+    findings = verify_archive(variant("blob.jsonl", swapped), key).findings
+    assert [(f.task_id, f.seq, f.kind) for f in findings] == [("t-3", 1, "chain")]
+    assert findings[0].detail.startswith("blob: ")
     cut = await cli("verify", "--archive", str(variant("cut.jsonl", original[:-1])))
     assert cut.exit_code == 1 and "has no anchor line" in cut.stdout
 
@@ -261,8 +277,9 @@ async def test_late_duplicate_submission_and_idempotency_key_dedup_after_archive
 async def test_runtime_role_cannot_use_the_retention_path(
         store: Store, database_dsn: str, tenant_roles: TenantRoles) -> None:
     """A tenant's runtime role can neither call wal_retention_remove, nor write the log or
-    a tombstone, nor delete events with the flag forged; the owner deleting outside the
-    function, flag forged, is refused by the append-only trigger (WE002)."""
+    a tombstone, nor delete events with the flag forged; the function is not SECURITY
+    DEFINER; the owner deleting outside the function, flag forged, is refused by the
+    append-only trigger (WE002)."""
     await _finish(store, "keep-1")
     head = await store.read_head("keep-1")
     app = await asyncpg.connect(await tenant_roles.dsn("default"))
@@ -285,6 +302,9 @@ async def test_runtime_role_cannot_use_the_retention_path(
         await app.close()
     owner = await asyncpg.connect(database_dsn, server_settings={"wal.tenant": "default"})
     try:
+        assert await owner.fetchval(
+            "SELECT p.prosecdef FROM pg_proc p WHERE p.proname = 'wal_retention_remove'") \
+            is False
         await owner.execute("SELECT set_config('wal_engine.retention_id', '1', false)")
         assert await sqlstate(owner, "DELETE FROM wal_events WHERE task_id = 'keep-1'") \
             == "WE002"
