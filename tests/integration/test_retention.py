@@ -279,7 +279,8 @@ async def test_runtime_role_cannot_use_the_retention_path(
     """A tenant's runtime role can neither call wal_retention_remove, nor write the log or
     a tombstone, nor delete events with the flag forged; the function is not SECURITY
     DEFINER; the owner deleting outside the function, flag forged, is refused by the
-    append-only trigger (WE002)."""
+    append-only trigger (WE002), and the function refuses a head the task does not have
+    (WE009)."""
     await _finish(store, "keep-1")
     head = await store.read_head("keep-1")
     app = await asyncpg.connect(await tenant_roles.dsn("default"))
@@ -308,6 +309,10 @@ async def test_runtime_role_cannot_use_the_retention_path(
         await owner.execute("SELECT set_config('wal_engine.retention_id', '1', false)")
         assert await sqlstate(owner, "DELETE FROM wal_events WHERE task_id = 'keep-1'") \
             == "WE002"
+        assert await sqlstate(  # The owner's own call, with a head the task no longer has.
+            owner, "SELECT * FROM wal_retention_remove(ARRAY['keep-1'], ARRAY[$1::int8],"
+                   " ARRAY[$2::bytea], now(), 'x', $2, $2, NULL)", head.head_seq,
+            bytes(32)) == "WE009"
     finally:
         await owner.close()
     assert (await store.verify_task("keep-1")).ok

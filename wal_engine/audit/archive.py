@@ -50,6 +50,7 @@ ARCHIVE_FORMAT: Final = "wal-engine-archive"
 ARCHIVE_VERSION: Final = 1
 archive_line_bytes_max: Final = 128 * 1024 * 1024
 """Longest line read back (a 16 MiB row whose every byte is escaped stays below it)."""
+_ENDED: Final = frozenset(status.value for status in TERMINAL)
 archive_findings_max: Final = 1000
 """Findings reported at most (an archive edited everywhere stops being listed)."""
 
@@ -206,8 +207,11 @@ class _Reader:
             self.header = fields
         elif kind == "task":
             self._end_task()
-            if fields["task_id"] in self.heads:
-                raise ValueError(f"task {fields['task_id']} is archived twice")
+            if not isinstance(fields["task_id"], str) or fields["task_id"] in self.heads:
+                raise ValueError(f"task {fields['task_id']!r} is archived twice, or no id")
+            if not isinstance(fields["head_seq"], int) or not isinstance(
+                    fields["head_hash"], str) or fields["status"] not in _ENDED:
+                raise ValueError("the task line's head or status is malformed")
             self.task = _Task(fields)
         elif kind in ("blob", "event"):
             if self.task is None or fields["task_id"] != self.task.task_id:
@@ -293,6 +297,16 @@ class _Reader:
         except AnchorInvalid as error:
             self.find(None, None, "signature", str(error))
             return False
+        except ValueError as error:  # A key or signature that is not hex.
+            self.find(None, None, "signature", f"the anchor's signature is malformed: {error}")
+            return False
+        try:
+            self._compare_anchor(anchor)
+        except ValueError as error:  # A head hash that is not hex.
+            self.find(None, None, "anchor", f"the anchor is malformed: {error}")
+        return signed
+
+    def _compare_anchor(self, anchor: Anchor) -> None:
         header = self.header or {}
         if anchor.tenant != header.get("tenant"):
             self.find(None, None, "anchor", f"the anchor is of tenant {anchor.tenant!r}, the "
@@ -315,7 +329,6 @@ class _Reader:
         if header.get("tasks") != len(self.heads):
             self.find(None, None, "format", f"the header counts {header.get('tasks')} task(s), "
                                             f"the archive holds {len(self.heads)}")
-        return signed
 
 
 def _record(fields: dict[str, Any]) -> EventRecord:

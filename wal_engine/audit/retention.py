@@ -6,8 +6,8 @@
 
 1. writes an archive (:mod:`wal_engine.audit.archive`) to a temporary name in the archive
    directory: every event of each task as stored, its large values' chunks, and an anchor
-   over the tasks' heads, signed with the given key; fsyncs it, renames it into place and
-   fsyncs the directory;
+   over the tasks' heads, signed with the given key; fsyncs it, links it into place (never
+   over an existing file) and fsyncs the directory;
 2. reads the file back and verifies it as ``verify --archive`` does (every chain, the
    anchor, its signature), and checks that it holds exactly the selected heads;
 3. only then calls ``wal_retention_remove`` (schema.sql, section "retention"), which, in
@@ -245,8 +245,16 @@ async def _one_batch(database: Database, directory: Path, database_name: str,
     if signing_key is not None:
         anchor = sign_anchor(anchor, signing_key)
     stamp = now.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    path = directory / f"wal-archive-{database.tenant}-{stamp}.jsonl"
-    digest = await _write_archive(database, path, database_name, now, rows, anchor)
+    tag = hashlib.sha256(rows[0]["task_id"].encode()).hexdigest()[:8]
+    path = directory / f"wal-archive-{database.tenant}-{stamp}-{tag}.jsonl"
+    try:
+        digest = await _write_archive(database, path, database_name, now, rows, anchor)
+    except OSError as error:
+        if error.filename is None:
+            raise  # Not the file: the connection (the caller reports a database error).
+        raise RetentionRefused(None, f"cannot write the archive {path}: "
+                                     f"{error.strerror or error}; nothing was removed"
+                               ) from error
     report = await asyncio.to_thread(archive.verify_archive, path)
     if not report.ok or report.tasks != len(rows):
         first = report.findings[0] if report.findings else None
@@ -284,7 +292,11 @@ async def _write_archive(database: Database, path: Path, database_name: str,
         put(archive.anchor_line(anchor))
         file.flush()
         os.fsync(file.fileno())
-    temporary.replace(path)
+    # A link, not a rename: an archive already there (another run's) is never replaced.
+    try:
+        os.link(temporary, path)
+    finally:
+        temporary.unlink()
     descriptor = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(descriptor)
