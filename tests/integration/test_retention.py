@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,49 @@ async def test_crash_between_archive_and_removal_changes_nothing_and_a_rerun_fin
     [batch] = lines(ran.stdout)
     assert batch["tasks"] == 2 and Path(batch["archive"]) != leftover
     assert (await store.database.fetchrow("SELECT count(*) AS n FROM wal_tasks"))["n"] == 0
+
+
+FIGURE_TASKS = 2000
+
+
+@pytest.mark.deep
+@pytest.mark.skipif(os.environ.get("RELIABILITY_DEEP") != "1",
+                    reason="deep tier: set RELIABILITY_DEEP=1 to run it")
+async def test_retention_of_2000_tasks_figures(store: Store, tmp_path: Path) -> None:
+    """2000 finished tasks of 6 events each are planned, archived (signed, fsynced, read
+    back), removed and verified offline; prints a figures line with the times and sizes."""
+    from tests.fault.support import FIGURES
+    from wal_engine.audit.retention import plan_retention, run_retention
+
+    async def finish(task_id: str) -> None:
+        head = await store.read_head(task_id)
+        await store.append_events(
+            task_id, [*(ev.MessageAppended(role="user", content=f"m{j}") for j in range(3)),
+                      ev.TaskCompleted(output={"ok": task_id})],
+            epoch=head.lease_epoch, expected_seq=head.head_seq, prev_hash=head.head_hash)
+
+    for start in range(0, FIGURE_TASKS, 100):
+        ids = [f"m-{index:05d}" for index in range(start, start + 100)]
+        await asyncio.gather(*(store.create_task(t, "agent", input={"i": t}) for t in ids))
+        await claim(store.database, ttl_ms=600_000)
+        await asyncio.gather(*(finish(t) for t in ids))
+    private, _ = generate_signing_key()
+    started = time.perf_counter()
+    plan = await plan_retention(store.database, older_than=dt.timedelta(0))
+    planned = time.perf_counter()
+    batches = await run_retention(store.database, tmp_path, older_than=dt.timedelta(0),
+                                  signing_key=private, batch_tasks=500)
+    ran = time.perf_counter()
+    # Blocking stat calls: a measurement, after the timed part.
+    sizes = [Path(batch.archive).stat().st_size for batch in batches]  # noqa: ASYNC240
+    verified = all(verify_archive(batch.archive).ok for batch in batches)
+    checked = time.perf_counter()
+    assert plan.tasks == sum(batch.tasks for batch in batches) == FIGURE_TASKS and verified
+    assert (await store.database.fetchrow("SELECT count(*) AS n FROM wal_events"))["n"] == 0
+    FIGURES.append(
+        f"retention: plan {plan.tasks} tasks / {plan.events} events "
+        f"{(planned - started) * 1000:.0f} ms; run (archive, fsync, read back, remove) "
+        f"{len(batches)} batches "
+        f"{(ran - planned) * 1000:.0f} ms = {(ran - planned) / FIGURE_TASKS * 1e6:.0f} µs/task; "
+        f"archives {sum(sizes)} bytes = {sum(sizes) // FIGURE_TASKS} bytes/task; offline "
+        f"verify {(checked - ran) * 1000:.0f} ms")
