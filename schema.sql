@@ -37,6 +37,11 @@
 -- wal_queues, wal_queue_changes  queues' limits and their audit (the "queues" section).
 -- wal_limiters, wal_limiter_reservations  named rate limits shared by a tenant's workers
 --                     and what they granted (section "limiters", at the end).
+-- wal_retention_log   one row per retention batch: who removed which finished tasks, when,
+--                     into which archive (its sha256) under which anchor (section
+--                     "retention", at the end). Append-only.
+-- wal_archived_tasks  the tombstone of each archived task: its id, ending, head and every
+--                     idempotency key; a task id found here is never created again.
 --
 -- Tenancy
 -- -------
@@ -85,6 +90,7 @@
 --   WE004 unknown task
 --   WE005 a tenant's cap on its number of tasks is reached (DETAIL = the cap)
 --   WE240 unknown limiter (DETAIL = its name)
+--   WE009 retention refused: a task is no longer as it was archived (DETAIL = the task id)
 
 CREATE TABLE IF NOT EXISTS wal_schema_version (
     version    integer PRIMARY KEY,
@@ -556,6 +562,23 @@ CREATE OR REPLACE TRIGGER wal_tasks_update_status
 CREATE OR REPLACE FUNCTION wal_refuse_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- The one exception: rows of a task being archived by wal_retention_remove in this very
+    -- transaction (section "retention" at the end: its log row, its tombstone, its flag).
+    -- (Nested: OLD.task_id is read only for those tables; the trigger also guards tables
+    -- without that column, such as wal_queue_changes, and plpgsql resolves every field
+    -- of a condition it evaluates.)
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME IN ('wal_events', 'wal_blobs', 'wal_signals') THEN
+        IF coalesce(current_setting('wal_engine.retention_id', true), '') <> ''
+           AND EXISTS (
+               SELECT 1 FROM wal_archived_tasks a
+                 JOIN wal_retention_log l
+                   ON l.tenant = a.tenant AND l.retention_id = a.retention_id
+                WHERE a.tenant = OLD.tenant AND a.task_id = OLD.task_id
+                  AND l.retention_id::text = current_setting('wal_engine.retention_id', true)
+                  AND l.txid = pg_current_xact_id()) THEN
+            RETURN OLD;
+        END IF;
+    END IF;
     RAISE EXCEPTION '% on % is not allowed: the log is append-only', TG_OP, TG_TABLE_NAME
         USING ERRCODE = 'WE002';
 END;
@@ -1862,8 +1885,219 @@ $$;
 
 -- ============================================================ schema version 4
 -- Version 4 holds what issues 22-24 added to version 3: worker prunes, schedules, child
--- tasks, rate limiters, queues. Code of version 3 connecting to a database of version 4 is
+-- tasks, rate limiters, queues, retention (its section follows). Code of version 3 connecting to a database of version 4 is
 -- refused by its version check; code from this version on also refuses to apply its own
 -- schema over a newer one (connection.apply_schema), which would put back older functions
 -- (a five-parameter wal_claim_tasks beside the queue-aware one).
 INSERT INTO wal_schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;
+-- ============================================================ retention (issue 23)
+-- Finished tasks older than a policy leave the database through one sanctioned path
+-- (docs/architecture.md decision 65; `wal-engine retention run`, wal_engine/audit/retention.py):
+-- the task's rows are first written to a verifiable archive outside the database (JSON
+-- lines: every event with its chain, its large values, a signed anchor over the heads),
+-- read back and verified, and only then removed here, by wal_retention_remove, in one
+-- transaction that also writes
+--  * wal_retention_log: who (session and current role), when, which tasks, the archive's
+--    name and sha256, the anchor's root and signing key;
+--  * wal_archived_tasks: one tombstone per task: its id, agent, ending, head and every
+--    idempotency key of its events and of wal_idempotency (whose rows are kept: a late
+--    call with a key of an archived task still gets its recorded result).
+-- A tombstoned task id is never created again: wal_refuse_archived_id (a BEFORE INSERT
+-- trigger on wal_tasks) drops the row, so a late duplicate submission finds the id taken
+-- (the store then raises TaskArchived) and a schedule's tick finds its task there.
+--
+-- Why the append-only triggers let these deletes through, and nobody else's: the DELETE
+-- branch of wal_refuse_change passes a row of wal_events, wal_blobs or wal_signals only
+-- when the transaction-local flag wal_engine.retention_id names a wal_retention_log row
+-- written by this same transaction (its txid) and the row's task has a tombstone of that
+-- log row. Setting the flag alone proves nothing (any role can set a custom setting):
+-- the log and tombstone rows can be inserted by the owner only (no grant to runtime
+-- roles), runtime roles hold no DELETE on any of these tables anyway, and the function
+-- is not SECURITY DEFINER: it runs with its caller's rights, and only the owner (and
+-- superusers) may EXECUTE it (security.sql grants it to nobody). UPDATE and TRUNCATE stay
+-- refused for everyone.
+CREATE TABLE IF NOT EXISTS wal_retention_log (
+    tenant            text NOT NULL DEFAULT current_setting('wal.tenant')
+                      CONSTRAINT wal_retention_log_tenant_format
+                      CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    retention_id      bigserial NOT NULL,
+    txid              xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    session_role      text NOT NULL DEFAULT session_user,
+    acting_role       text NOT NULL DEFAULT current_user,
+    removed_at        timestamptz NOT NULL DEFAULT now(),
+    finished_before   timestamptz NOT NULL,
+    tasks             integer NOT NULL CHECK (tasks BETWEEN 1 AND 10000),
+    task_ids          text[] NOT NULL,
+    events            bigint NOT NULL DEFAULT 0,
+    archive_name      text NOT NULL CHECK (length(archive_name) BETWEEN 1 AND 1000),
+    archive_sha256    bytea NOT NULL CHECK (octet_length(archive_sha256) = 32),
+    anchor_root       bytea NOT NULL CHECK (octet_length(anchor_root) = 32),
+    anchor_public_key text,
+    CONSTRAINT wal_retention_log_pkey PRIMARY KEY (tenant, retention_id)
+);
+
+CREATE TABLE IF NOT EXISTS wal_archived_tasks (
+    tenant           text NOT NULL DEFAULT current_setting('wal.tenant')
+                     CONSTRAINT wal_archived_tasks_tenant_format
+                     CHECK (tenant ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    task_id          text NOT NULL,
+    agent            text NOT NULL,
+    status           text NOT NULL CHECK (status IN ('COMPLETED', 'FAILED')),
+    ending           text NOT NULL,
+    head_seq         bigint NOT NULL,
+    head_hash        bytea NOT NULL,
+    finished_at      timestamptz NOT NULL,
+    retention_id     bigint NOT NULL,
+    idempotency_keys text[] NOT NULL DEFAULT '{}',
+    CONSTRAINT wal_archived_tasks_pkey PRIMARY KEY (tenant, task_id)
+);
+
+CREATE OR REPLACE TRIGGER wal_retention_log_append_only
+    BEFORE UPDATE OR DELETE ON wal_retention_log
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
+CREATE OR REPLACE TRIGGER wal_retention_log_no_truncate
+    BEFORE TRUNCATE ON wal_retention_log
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+CREATE OR REPLACE TRIGGER wal_archived_tasks_append_only
+    BEFORE UPDATE OR DELETE ON wal_archived_tasks
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_change();
+CREATE OR REPLACE TRIGGER wal_archived_tasks_no_truncate
+    BEFORE TRUNCATE ON wal_archived_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
+
+DO $retention_policies$
+DECLARE
+    item text;
+    session_tenant text := $tenant$(SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()))$tenant$;
+BEGIN
+    FOREACH item IN ARRAY ARRAY['wal_retention_log', 'wal_archived_tasks'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
+        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
+        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
+                       item, session_tenant, session_tenant);
+    END LOOP;
+END;
+$retention_policies$;
+
+-- A submission of an archived task id inserts nothing (the row is dropped, so the
+-- statement's ON CONFLICT path reads as "the id is taken"); one index probe per new task.
+CREATE OR REPLACE FUNCTION wal_refuse_archived_id() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM wal_archived_tasks a
+                WHERE a.tenant = NEW.tenant AND a.task_id = NEW.task_id) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER wal_tasks_not_archived
+    BEFORE INSERT ON wal_tasks
+    FOR EACH ROW EXECUTE FUNCTION wal_refuse_archived_id();
+
+-- Remove archived tasks: p_task_ids with the heads the archive holds. Refuses (WE009, the
+-- task id in DETAIL) unless every task is still as archived: finished (COMPLETED or
+-- FAILED) before p_finished_before (its ending event's recorded_at), its log ending at
+-- the archived seq and hash, no child still running, not the child of a running parent
+-- (which may still read its result). Locks the tasks in id order first. Returns the log
+-- row's id and the number of events removed. Runs with the caller's rights: the owner's.
+CREATE OR REPLACE FUNCTION wal_retention_remove(
+    p_task_ids text[], p_head_seqs bigint[], p_head_hashes bytea[], p_finished_before timestamptz,
+    p_archive_name text, p_archive_sha256 bytea, p_anchor_root bytea, p_anchor_public_key text)
+RETURNS TABLE (retention_id bigint, events bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tenant text := current_setting('wal.tenant', true);
+    v_owner oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = 'wal_events'::regclass);
+    v_bad record;
+    v_id bigint;
+    v_events bigint;
+BEGIN
+    IF NOT pg_has_role(current_user, v_owner, 'MEMBER') THEN
+        RAISE EXCEPTION 'retention removes tasks as the owner of the log only'
+            USING ERRCODE = '42501';
+    END IF;
+    IF coalesce(v_tenant, '') = '' OR coalesce(cardinality(p_task_ids), 0) NOT BETWEEN 1 AND 10000
+       OR cardinality(p_head_seqs) <> cardinality(p_task_ids)
+       OR cardinality(p_head_hashes) <> cardinality(p_task_ids) THEN
+        RAISE EXCEPTION 'retention needs a tenant and 1..10000 tasks with their heads'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM 1 FROM wal_tasks t
+     WHERE t.tenant = v_tenant AND t.task_id = ANY (p_task_ids)
+     ORDER BY t.task_id FOR UPDATE;
+    SELECT a.task_id,
+           CASE WHEN t.task_id IS NULL THEN 'is gone'
+                WHEN t.status NOT IN ('COMPLETED', 'FAILED') THEN 'is ' || t.status
+                WHEN e.seq IS DISTINCT FROM a.seq OR e.hash IS DISTINCT FROM a.hash
+                    THEN 'has another head than its archive'
+                WHEN e.recorded_at >= p_finished_before THEN 'finished after the cutoff'
+                WHEN t.parent_seq IS NULL AND t.parent_task_id IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM wal_tasks p
+                     WHERE p.tenant = v_tenant AND p.task_id = t.parent_task_id
+                       AND p.status NOT IN ('COMPLETED', 'FAILED'))
+                    THEN 'has a running parent'
+                ELSE 'has a running child' END AS reason
+      INTO v_bad
+      FROM unnest(p_task_ids, p_head_seqs, p_head_hashes) AS a(task_id, seq, hash)
+      LEFT JOIN wal_tasks t ON t.tenant = v_tenant AND t.task_id = a.task_id
+      LEFT JOIN LATERAL (SELECT x.seq, x.hash, x.recorded_at FROM wal_events x
+                          WHERE x.tenant = v_tenant AND x.task_id = a.task_id
+                          ORDER BY x.seq DESC LIMIT 1) AS e ON true
+     WHERE t.task_id IS NULL OR t.status NOT IN ('COMPLETED', 'FAILED')
+        OR e.seq IS DISTINCT FROM a.seq OR e.hash IS DISTINCT FROM a.hash
+        OR e.recorded_at >= p_finished_before
+        OR (t.parent_seq IS NULL AND t.parent_task_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM wal_tasks p
+                 WHERE p.tenant = v_tenant AND p.task_id = t.parent_task_id
+                   AND p.status NOT IN ('COMPLETED', 'FAILED')))
+        OR EXISTS (SELECT 1 FROM wal_tasks c
+                    WHERE c.tenant = v_tenant AND c.parent_task_id = a.task_id
+                      AND c.parent_seq IS NULL AND c.status NOT IN ('COMPLETED', 'FAILED'))
+     ORDER BY a.task_id
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'retention refused: task % %', v_bad.task_id, v_bad.reason
+            USING ERRCODE = 'WE009', DETAIL = v_bad.task_id;
+    END IF;
+    SELECT count(*) INTO v_events FROM wal_events x
+     WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids);
+    INSERT INTO wal_retention_log AS l (tenant, finished_before, tasks, task_ids, events,
+                                        archive_name, archive_sha256, anchor_root,
+                                        anchor_public_key)
+    VALUES (v_tenant, p_finished_before, cardinality(p_task_ids), p_task_ids, v_events,
+            p_archive_name, p_archive_sha256, p_anchor_root, p_anchor_public_key)
+    RETURNING l.retention_id INTO v_id;
+    PERFORM set_config('wal_engine.retention_id', v_id::text, true);
+    INSERT INTO wal_archived_tasks (tenant, task_id, agent, status, ending, head_seq,
+                                    head_hash, finished_at, retention_id, idempotency_keys)
+    SELECT v_tenant, t.task_id, t.agent, t.status, e.type, e.seq, e.hash, e.recorded_at, v_id,
+           ARRAY(SELECT k FROM (SELECT x.idempotency_key AS k FROM wal_events x
+                                 WHERE x.tenant = v_tenant AND x.task_id = t.task_id
+                                   AND x.idempotency_key IS NOT NULL
+                                UNION
+                                SELECT i.key FROM wal_idempotency i
+                                 WHERE i.tenant = v_tenant AND i.task_id = t.task_id) AS keys
+                  ORDER BY k)
+      FROM wal_tasks t
+      CROSS JOIN LATERAL (SELECT x.seq, x.hash, x.type, x.recorded_at FROM wal_events x
+                           WHERE x.tenant = v_tenant AND x.task_id = t.task_id
+                           ORDER BY x.seq DESC LIMIT 1) AS e
+     WHERE t.tenant = v_tenant AND t.task_id = ANY (p_task_ids);
+    DELETE FROM wal_signals s WHERE s.tenant = v_tenant AND s.task_id = ANY (p_task_ids);
+    DELETE FROM wal_blobs b WHERE b.tenant = v_tenant AND b.task_id = ANY (p_task_ids);
+    DELETE FROM wal_snapshot_segments g WHERE g.tenant = v_tenant AND g.task_id = ANY (p_task_ids);
+    DELETE FROM wal_snapshots n WHERE n.tenant = v_tenant AND n.task_id = ANY (p_task_ids);
+    DELETE FROM wal_events x WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids);
+    DELETE FROM wal_tasks t WHERE t.tenant = v_tenant AND t.task_id = ANY (p_task_ids);
+    PERFORM set_config('wal_engine.retention_id', '', true);
+    RETURN QUERY SELECT v_id, v_events;
+END;
+$$;
+-- ======================================================== end of retention (issue 23)

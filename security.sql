@@ -45,6 +45,12 @@
 --                                     per-task count is kept by wal_count_blob_bytes (a
 --                                     SECURITY DEFINER trigger).
 --   wal_tenant_roles                  SELECT (row security: its own row only).
+--   wal_archived_tasks                SELECT: the tenant's tombstones of archived tasks.
+--   wal_retention_log                 nothing: written and read by the owner only.
+--   wal_retention_remove              no EXECUTE, and not SECURITY DEFINER: retention
+--                                     (`wal-engine retention run`) runs with the owner's
+--                                     rights, the only ones allowed to delete archived
+--                                     tasks' rows (schema.sql, section "retention").
 --   table-level UPDATE, DELETE,       none on any table: with one of them, LOCK TABLE
 --   TRUNCATE                          takes any mode (ACCESS EXCLUSIVE included) and could
 --                                     stall every tenant; SELECT and INSERT allow only
@@ -186,6 +192,9 @@ BEGIN
     -- Large values: written with their event, never changed (triggers of schema.sql).
     EXECUTE format('GRANT SELECT, INSERT ON wal_blobs TO %I', app_role);
     EXECUTE format('GRANT SELECT, INSERT ON wal_idempotency TO %I', app_role);
+    -- Retention (issue 23): a tenant reads its own tombstones (a submission of an archived
+    -- id is refused by a trigger that reads them); the retention log is the owner's only.
+    EXECUTE format('GRANT SELECT ON wal_archived_tasks TO %I', app_role);
     EXECUTE format('GRANT SELECT ON wal_tenant_roles TO %I', app_role);
     EXECUTE format('GRANT UPDATE (state, owner, epoch, result, error, claimed_at, expires_at, '
                    'completed_at) ON wal_idempotency TO %I', app_role);
@@ -230,7 +239,8 @@ BEGIN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change',
-                             'wal_wake_token', 'wal_trusted_tenant')
+                             'wal_wake_token', 'wal_trusted_tenant',
+                             'wal_refuse_archived_id', 'wal_retention_remove')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);

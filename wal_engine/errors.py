@@ -221,6 +221,25 @@ class DuplicateDedupId(WalError):
         self.queue = queue
         self.dedup_id = dedup_id
         self.existing_task_id = existing_task_id
+class TaskArchived(TaskAlreadyExists):
+    """The task id is an archived task's (``wal-engine retention run``): its rows left the
+    database, its tombstone keeps the id taken, so it is never created (nor run) again."""
+
+    def __init__(self, task_id: str, status: str, retention_id: int) -> None:
+        WalError.__init__(self, f"task {task_id!r} was archived ({status}, retention batch "
+                                f"{retention_id}); its id cannot be used again")
+        self.task_id = task_id
+        self.status = status
+        self.retention_id = retention_id
+
+
+class RetentionRefused(WalError):
+    """Retention did not remove a batch: a task is no longer as it was archived (it
+    changed, or a child or parent of it runs). Nothing was removed; a new run re-selects."""
+
+    def __init__(self, task_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
 
 
 class UnknownSchedule(WalError):

@@ -33,8 +33,10 @@ POINTS: Final = (
 
 OUTSIDE_RUNS: Final = (
     "schedule_tick_before_commit",
+    "retention_after_archive",
 )
-"""Points outside any task run: a schedule's tick written, not yet committed."""
+"""Points outside any task run: a schedule's tick written, not yet committed; a retention
+batch's archive written, fsynced and verified, its tasks not yet removed."""
 
 CHILD_POINTS: Final = (
     "after_child_submit",

@@ -577,8 +577,9 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         checks = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype = 'c' AND conname LIKE '%\\_tenant\\_format'")}
-        # Eight tables of the log, and wal_queues (issue 24).
-        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 9, checks
+        # Eight tables of the log, wal_queues (issue 24), and retention's log and
+        # tombstones (issue 23).
+        assert "~" in checks["wal_tasks_tenant_format"] and len(checks) == 11, checks
         # The log table has one CHECK only, its bounds (decision 39); the ones decision 28
         # dropped are gone, old ones included.
         assert await admin.fetchval("SELECT array_agg(conname) FROM pg_constraint"

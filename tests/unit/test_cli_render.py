@@ -86,7 +86,8 @@ def test_anchor_views() -> None:
         "file": "g", "database": "db", "created_at": "c", "mode": "root", "tasks": 0,
         "root": "", "signed": False, "public_key": None}
     assert printed(render.anchor_report_json(s.REPORT, s.ANCHOR, "f")) == {
-        "anchor": "f", "ok": False, "anchored_tasks": 2, "signed": True, "mode": "heads",
+        "anchor": "f", "ok": False, "anchored_tasks": 2, "archived_tasks": 0, "signed": True,
+        "mode": "heads",
         "created_at": "2024-05-06T07:08:09+00:00", "root": "ab",
         "findings": [{"task_id": "t-1", "seq": 5, "kind": "truncated", "detail": "d"},
                      {"task_id": None, "seq": None, "kind": "root", "detail": "r"}]}

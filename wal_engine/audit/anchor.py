@@ -61,16 +61,20 @@ SELECT t.task_id, last.seq, last.hash
  LIMIT $2
 """
 
-# For each anchored (task, seq): the stored hash at that seq (NULL if gone) and the seq the
-# task's log now ends at (NULL if it has no events at all).
+# For each anchored (task, seq): the stored hash at that seq (NULL if gone), the seq the
+# task's log now ends at (NULL if it has no events at all), and, for a task archived by
+# retention since (schema.sql, section "retention"), its tombstone's head.
 ANCHORED_EVENTS: Final = """
 SELECT a.task_id, a.seq, e.hash,
        (SELECT x.seq FROM wal_events x
          WHERE x.tenant = current_setting('wal.tenant', true) AND x.task_id = a.task_id
-         ORDER BY x.seq DESC LIMIT 1) AS last_seq
+         ORDER BY x.seq DESC LIMIT 1) AS last_seq,
+       r.head_seq AS archived_seq, r.head_hash AS archived_hash
   FROM unnest($1::text[], $2::int8[]) AS a(task_id, seq)
   LEFT JOIN wal_events e ON e.tenant = current_setting('wal.tenant', true) AND e.task_id = a.task_id
    AND e.seq = a.seq
+  LEFT JOIN wal_archived_tasks r ON r.tenant = current_setting('wal.tenant', true)
+   AND r.task_id = a.task_id
 """
 
 DATABASE_IDENTITY: Final = "SELECT current_database() AS name, now() AS now"
@@ -142,6 +146,9 @@ class AnchorReport(msgspec.Struct, frozen=True, kw_only=True):
     findings: list[AnchorFinding]
     chains: list[VerifyReport] = []
     """Chain verification of the anchored tasks that failed (with ``check_chains``)."""
+    archived: int = 0
+    """Anchored tasks since archived by retention (their tombstone reaches the anchored
+    seq): not findings; their archive (``verify --archive``) holds what the anchor saw."""
 
     @property
     def ok(self) -> bool:
@@ -359,6 +366,7 @@ async def verify_anchor(database: Database, anchor: Anchor | str | Path, *,
                             f"connection is bound to tenant {database.tenant!r}")
     findings: list[AnchorFinding] = []
     leaves: list[bytes] = []
+    archived = 0
     for start in range(0, len(anchor.heads), anchor_page_tasks):
         page = anchor.heads[start:start + anchor_page_tasks]
         rows = await database.fetch(ANCHORED_EVENTS, [h.task_id for h in page],
@@ -366,11 +374,18 @@ async def verify_anchor(database: Database, anchor: Anchor | str | Path, *,
         stored = {(r["task_id"], int(r["seq"])): r for r in rows}
         for head in page:
             row = stored.get((head.task_id, head.seq))
+            if row is not None and _archived(head, row):
+                archived += 1
+                if int(row["archived_seq"]) == head.seq:  # Its leaf is known: the root holds.
+                    leaves.append(leaf_hash(head.task_id, head.seq, bytes(row["archived_hash"])))
+                continue
             finding, leaf = _compare(head, row)
             if finding is not None:
                 findings.append(finding)
             if leaf is not None:
                 leaves.append(leaf)
+    # (A task archived past its anchored seq leaves no leaf: the root is then not checked;
+    # its archive holds the anchored event.)
     if anchor.mode == "root" and len(leaves) == len(anchor.heads) and \
             merkle_root(leaves).hex() != anchor.root:
         findings.append(AnchorFinding(task_id=None, seq=None, kind="root",
@@ -386,7 +401,17 @@ async def verify_anchor(database: Database, anchor: Anchor | str | Path, *,
                                detail=f"{c.violation.kind}: {c.violation.detail}")
                  for c in chains if c.violation is not None]
     return AnchorReport(anchored_tasks=len(anchor.heads), signed=signed, findings=findings,
-                        chains=chains)
+                        chains=chains, archived=archived)
+
+
+def _archived(head: AnchoredHead, row: Any) -> bool:
+    """Whether the anchored task has left the database through retention since, at or past
+    the anchored seq (at it, with the anchored hash)."""
+    if row is None or row["last_seq"] is not None or row["archived_seq"] is None:
+        return False
+    if int(row["archived_seq"]) == head.seq and head.hash:
+        return bytes(row["archived_hash"]).hex() == head.hash
+    return int(row["archived_seq"]) >= head.seq
 
 
 def _compare(head: AnchoredHead, row: Any) -> tuple[AnchorFinding | None, bytes | None]:

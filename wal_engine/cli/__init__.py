@@ -10,8 +10,10 @@ add|list|pause|resume|delete`` manages cron and interval schedules; ``limiters``
 the rate limiters and their state, ``limiter set|delete`` defines them. ``queues`` shows
 each queue's depth, running tasks, limits and oldest wait; ``queue set NAME --concurrency N
 --worker-concurrency M`` creates a queue or changes its limits (audited: ``queue history``).
-``bench`` hands its arguments to the benchmark suite (``python -m benchmarks``). Errors are
-one line on standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
+``retention plan|run`` archives finished tasks older than a policy, then removes them (an
+administrator's DSN); ``verify --archive FILE`` checks such an archive offline. ``bench``
+hands its arguments to the benchmark suite (``python -m benchmarks``). Errors are one line
+on standard error with the exit codes listed in :mod:`wal_engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from wal_engine.cli.operate import bench, migrate, replay, timeline, worker
 from wal_engine.cli.operate import demo as demo_command
 from wal_engine.cli.operator import pending, reconcile, timer
 from wal_engine.cli.queues import queue, queues
+from wal_engine.cli.retention import retention
 from wal_engine.cli.schedule import schedule
 from wal_engine.cli.setup import setup
 from wal_engine.cli.steer import approve, cancel, fork, signal, submit
@@ -48,7 +51,7 @@ def main(tenant: str | None) -> None:
 for command in (demo_command, worker, submit, tasks, history, show, verify, anchor, anchor_keygen,
                 signal, approve, cancel, fork, replay, migrate, setup, timeline, bench, tenant,
                 gateway, embedded, pending, reconcile, timer, schedule, limiters, limiter,
-                queues, queue):
+                queues, queue, retention):
     main.add_command(command)
 
 __all__ = ["main"]

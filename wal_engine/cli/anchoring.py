@@ -224,6 +224,9 @@ async def check_anchor(database: Database, anchor: Anchor, path: Path,
     else:
         signed = "unsigned" if anchor.signature is None else "signature not accepted"
     verdict = "all ok" if report.ok else f"[red]{len(report.findings)} finding(s)[/]"
+    archived = f", {report.archived} archived by retention since (`verify --archive`)" \
+        if report.archived else ""
     out.print(f"anchor {escape(str(path))} ({report.anchored_tasks} task(s), {anchor.mode} "
-              f"mode, {signed}, taken {escape(anchor.created_at)}): {verdict}", soft_wrap=True)
+              f"mode, {signed}, taken {escape(anchor.created_at)}{archived}): {verdict}",
+              soft_wrap=True)
     return report.ok

@@ -36,6 +36,7 @@ from wal_engine.cli.render import (
     summary,
     verify_json,
 )
+from wal_engine.cli.retention import check_archive
 from wal_engine.state_machine import Status
 from wal_engine.store import Store
 
@@ -269,24 +270,38 @@ def _plain(value: Any) -> str:
               help="Check the database against an anchor (`wal-engine anchor`): a truncated "
                    "tail, a rewritten chain, a lost task. Alone, it also verifies the chains "
                    "of the anchored tasks; with TASK or --all, the chains of those.")
+@click.option("--archive", "archive_path", metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Verify a retention archive (`retention run`) offline, without a "
+                   "database: every chain, its task lines, its anchor and signature.")
 @click.option("--public-key", "public_key_path", metavar="PEM_FILE",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="With --anchor: the anchor must be signed by this Ed25519 public key.")
+              help="With --anchor or --archive: the anchor must be signed by this Ed25519 "
+                   "public key.")
 @dsn_option
 @replica_option
 @development_option
 @json_option
 def verify(task_id: str | None, all_tasks: bool, anchor_path: Path | None,
-           public_key_path: Path | None, dsn: str | None, replica: str | None,
-           as_json: bool) -> None:
+           archive_path: Path | None, public_key_path: Path | None, dsn: str | None,
+           replica: str | None, as_json: bool) -> None:
     """Verify hash chains, contiguous seqs and legal transitions; exit 1 on the first bad seq
-    (or, with --anchor, on anything the anchor saw that the database no longer holds)."""
+    (or, with --anchor, on anything the anchor saw that the database no longer holds; with
+    --archive, on anything wrong in the archive)."""
+    if archive_path is not None:
+        if task_id is not None or all_tasks or anchor_path is not None:
+            raise click.UsageError("--archive is verified alone (no TASK, --all or --anchor)")
+        public_key = None if public_key_path is None else read_key(
+            load_public_key, public_key_path, "--public-key")
+        if not check_archive(archive_path, public_key, as_json=as_json):
+            raise SystemExit(EXIT_FINDING)
+        return
     if task_id is not None and all_tasks:
         raise click.UsageError("name a TASK or pass --all (not both)")
     if anchor_path is None and task_id is None and not all_tasks:
         raise click.UsageError("name a TASK, pass --all, or pass --anchor FILE")
     if public_key_path is not None and anchor_path is None:
-        raise click.UsageError("--public-key needs --anchor FILE")
+        raise click.UsageError("--public-key needs --anchor FILE or --archive FILE")
     ok = run(_verify(task_id, all_tasks, anchor_path, public_key_path, dsn, replica, as_json),
              dsn=replica or dsn)
     if not ok:

@@ -170,6 +170,7 @@ def anchor_report_json(report: AnchorReport, anchor: Anchor, path: str) -> dict[
         "anchor": path,
         "ok": report.ok,
         "anchored_tasks": report.anchored_tasks,
+        "archived_tasks": report.archived,
         "signed": report.signed,
         "mode": anchor.mode,
         "created_at": anchor.created_at,

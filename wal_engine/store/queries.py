@@ -241,6 +241,12 @@ SELECT a.task_id, (SELECT count(*) FROM inserted) AS events FROM accepted a
 
 # The head of a task: its row, with head_seq/head_hash taken from the log's last event
 # (the row's own copy is only as new as the last status move).
+# The tombstone of an archived task (schema.sql, section "retention"): why its id is taken.
+READ_TOMBSTONE: Final = """
+SELECT status, retention_id FROM wal_archived_tasks
+ WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
+"""
+
 READ_HEAD: Final = """
 SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
        t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,

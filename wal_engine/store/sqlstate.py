@@ -22,6 +22,7 @@ from wal_engine.errors import (
     DuplicateRow,
     IllegalTransition,
     InvalidInput,
+    RetentionRefused,
     TaskQuotaExceeded,
     UnknownLimiter,
     UnknownTask,
@@ -35,6 +36,7 @@ UNKNOWN_TASK: Final = "WE004"
 TASK_QUOTA: Final = "WE005"
 CAP_EXCEEDED: Final = "WE008"
 UNKNOWN_LIMITER: Final = "WE240"
+RETENTION_REFUSED: Final = "WE009"
 CHECK_VIOLATION: Final = "23514"
 UNIQUE_VIOLATION: Final = "23505"
 EVENT_BOUNDS: Final = "wal_events_bounds"
@@ -156,6 +158,8 @@ def translate(error: asyncpg.PostgresError, task_id: str | None = None) -> WalEr
         return TaskQuotaExceeded(None, int(detail) if detail.isdigit() else None)
     if code == UNKNOWN_LIMITER:
         return UnknownLimiter(str(error.detail or "?"))
+    if code == RETENTION_REFUSED:
+        return RetentionRefused(error.detail or None, str(error))
     if code == CAP_EXCEEDED:
         return CapExceeded(str(error.detail or "cap"), str(error))
     if code == CHECK_VIOLATION and error.constraint_name == EVENT_BOUNDS:

@@ -25,6 +25,7 @@ from wal_engine.errors import (
     InvalidInput,
     LeaseLost,
     TaskAlreadyExists,
+    TaskArchived,
     UnknownQueue,
     UnknownTask,
     WalError,
@@ -229,10 +230,11 @@ class Store:
 
         Idempotent on ``task_id``: submitting the same agent and input again returns the
         existing task and ``False``; a different submission under the same id raises
-        :class:`TaskAlreadyExists`. Bad input raises before anything is written. The task
-        waits in ``placement``'s queue (``default``): an unconfigured queue raises
-        :class:`UnknownQueue`, a dedup id a live task of the queue holds
-        :class:`DuplicateDedupId`, and neither writes anything.
+        :class:`TaskAlreadyExists`, any submission of an archived task's id
+        :class:`TaskArchived` (a subclass: the task never runs again). Bad input raises
+        before anything is written. The task waits in ``placement``'s queue (``default``):
+        an unconfigured queue raises :class:`UnknownQueue`, a dedup id a live task of the
+        queue holds :class:`DuplicateDedupId`, and neither writes anything.
         """
         where = placement or Placement()
         try:
@@ -247,10 +249,21 @@ class Store:
             raise DuplicateDedupId(where.queue, where.dedup_id, holder) from error
         if created:
             return await self.read_head(task_id), True
-        first = await self.read_events(task_id, from_seq=1, to_seq=1)
-        if not first or first[0].payload != payload:
-            raise TaskAlreadyExists(task_id)
+        await self._check_same_task(task_id, payload)
         return await self.read_head(task_id), False
+
+    async def _check_same_task(self, task_id: str, payload: bytes) -> None:
+        """The id is taken: by this very submission (return), by an archived task
+        (:class:`TaskArchived`: it never runs again) or by another task."""
+        first = await self.read_events(task_id, from_seq=1, to_seq=1)
+        if first and first[0].payload == payload:
+            return
+        if not first:
+            tombstone = await self.database.fetchrow(queries.READ_TOMBSTONE, task_id,
+                                                     task_id=task_id)
+            if tombstone is not None:
+                raise TaskArchived(task_id, tombstone["status"], int(tombstone["retention_id"]))
+        raise TaskAlreadyExists(task_id)
 
     async def create_child_task(self, task_id: str, agent: str, *, parent_task_id: str,
                                 input: Any, budget: vocabulary.Budget | None,
@@ -272,9 +285,7 @@ class Store:
                 await self.database.fetch(queries.SET_ON_PARENT_END, task_id, on_parent_end,
                                           task_id=task_id, connection=connection)
                 return True
-        first = await self.read_events(task_id, from_seq=1, to_seq=1)
-        if not first or first[0].payload != payload:
-            raise TaskAlreadyExists(task_id)
+        await self._check_same_task(task_id, payload)
         return False
 
     async def insert_task(self, task_id: str, agent: str, *, input: Any = None,
