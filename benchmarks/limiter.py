@@ -12,15 +12,17 @@ Two parts, on one database, in one run:
 * **hold**: 64 tasks run at once under one token limiter of ``--tokens`` tokens per
   ``--period`` seconds (both the input and output tokens count); each makes calls to a fake
   LLM that takes 50 ms and reports a usage drawn uniformly in 300..700 tokens (seeded by
-  the request), against an estimate of 500. Every start is written to a ledger with the
-  usage reported. Over the steady state (from one period after the first start to the last
-  start), the tokens of the calls started in every sliding window of one period, sampled
-  every 100 ms, are reported as a fraction of the limit: min, median, max. The issue asks
-  for a minute; ``--period 60`` runs it (about four minutes); the default is 10 s. Waits
-  stay in process here (``durable_after_s`` above the period).
+  the request), against an estimate of 500 (``--estimate``: 700, the bound, reserves what
+  a call can use at most, as a provider counting ``max_tokens`` does). Every start is
+  written to a ledger with the usage reported. Over the steady state (from one period
+  after the first start to the last start), the tokens of the calls started in every
+  sliding window of one period, sampled every 100 ms, are reported as a fraction of the
+  limit: min, median, max. The issue asks for a minute; ``--period 60`` runs it (about
+  four minutes); the default is 10 s. Waits stay in process here (``durable_after_s``
+  above the period).
 
 Usage: ``python -m benchmarks.limiter [--dsn DSN] [--quick] [--rounds N] [--calls N]
-[--tokens N] [--period S] [--json PATH]``.
+[--tokens N] [--period S] [--estimate N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -93,11 +95,12 @@ def _usage(request: str) -> int:
     return 300 + int.from_bytes(digest[:4], "big") % 401
 
 
-async def _hold(engine: Engine, tokens: int, period_s: float, run_id: str) -> dict[str, Any]:
+async def _hold(engine: Engine, tokens: int, period_s: float, run_id: str,
+                estimate: int = ESTIMATE) -> dict[str, Any]:
     limiter = f"bench-hold-{run_id}"
     await engine.limiter(limiter, tokens_per_period=tokens, period_s=period_s)
     # Enough calls for about three periods at the limit.
-    calls_per_task = max(2, round(3 * tokens / ESTIMATE / TASKS))
+    calls_per_task = max(2, round(3 * tokens / ESTIMATE / TASKS))  # ESTIMATE: the mean
     ledger: list[tuple[float, int]] = []
 
     async def fake(request: str) -> LlmResponse:
@@ -110,7 +113,7 @@ async def _hold(engine: Engine, tokens: int, period_s: float, run_id: str) -> di
     async def agent(ctx: Any, n: int) -> int:
         for i in range(calls_per_task):
             await ctx.llm("fake", fake, f"{run_id}-{n}-{i}", limiter=limiter,
-                          estimate_tokens=ESTIMATE, retry=IN_PROCESS)
+                          estimate_tokens=estimate, retry=IN_PROCESS)
         return n
 
     for n in range(TASKS):
@@ -129,6 +132,7 @@ async def _hold(engine: Engine, tokens: int, period_s: float, run_id: str) -> di
         t += 0.1
     fractions.sort()
     return {"tasks": TASKS, "calls": len(ledger), "limit_tokens": tokens, "period_s": period_s,
+            "estimate_tokens": estimate,
             "elapsed_s": elapsed, "windows": len(fractions),
             "min": fractions[0] if fractions else None,
             "median": statistics.median(fractions) if fractions else None,
@@ -143,6 +147,10 @@ async def main() -> int:
     parser.add_argument("--calls", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--period", type=float, default=None)
+    parser.add_argument("--estimate", type=int, default=ESTIMATE,
+                        help="tokens reserved per call before it (the fake's usage is "
+                             "300..700: 500 is its mean, 700 its bound, as a provider that "
+                             "counts max_tokens at the request)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.quick else 6)
@@ -154,7 +162,7 @@ async def main() -> int:
     run_id = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:10]
     try:
         overhead = await _overhead(engine, rounds, calls, run_id)
-        hold = await _hold(engine, tokens, period_s, run_id)
+        hold = await _hold(engine, tokens, period_s, run_id, args.estimate)
     finally:
         await engine.close()
     plain, limited = overhead["plain"], overhead["limited"]
@@ -166,7 +174,8 @@ async def main() -> int:
               f"{row['p10_us']:.0f}-{row['p90_us']:.0f} |")
     print(f"overhead p50: {overhead['overhead_p50_us']:.0f} us per call")
     print(f"token limiter hold: {hold['tasks']} tasks, {hold['calls']} calls, limit "
-          f"{hold['limit_tokens']} tokens per {hold['period_s']:g} s, {hold['elapsed_s']:.1f} s; "
+          f"{hold['limit_tokens']} tokens per {hold['period_s']:g} s, estimate "
+          f"{hold['estimate_tokens']} per call, {hold['elapsed_s']:.1f} s; "
           f"tokens started per sliding window / limit over {hold['windows']} windows: "
           f"min {hold['min']:.4f}, median {hold['median']:.4f}, max {hold['max']:.4f}")
     if args.json:
