@@ -119,7 +119,8 @@ def test_snapshot_policy_every_n_events() -> None:
 PINNED_SHAPE = {
     "AgentState": ("task_id", "agent", "status", "input", "budget", "parent_task_id",
                    "parent_seq", "messages", "step", "next_action", "calls", "pending", "usage",
-                   "children_spend", "waiting_on", "attempts", "last_seq", "last_hash", "plan", "plan_completed",
+                   "children_spend", "waiting_on", "attempts", "last_seq", "last_hash", "plan",
+                   "plan_completed",
                    "env", "signal_ids", "approvals", "commands", "output", "failure",
                    "budget_exceeded", "agent_version", "patches", "handed_over",
                    "interruptions"),
