@@ -13,12 +13,14 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from replay.state import (
+    CHILD_VALUE_PREFIX,
     Approval,
     BudgetTrip,
     CallError,
     CallKind,
     CallRecord,
     CallStatus,
+    ChildSpend,
     Failure,
     Wait,
     _StateFields,
@@ -359,6 +361,17 @@ def _value(d: _Draft, e: ev.ValueRecorded, seq: int) -> None:
         call_id=e.call_id, kind=CallKind.VALUE, name=e.kind, seq=seq,
         status=CallStatus.COMPLETED, result=e.value, outcome_seq=seq,
     )
+    if e.kind.startswith(CHILD_VALUE_PREFIX) and isinstance(e.value, dict) \
+            and "charge" in e.value:
+        # A child spawned with the budget policy "share": its spend, as read from its log
+        # when its outcome was recorded, counts against this task's budget, once (the
+        # value is recorded once; a re-run answers from it).
+        try:
+            charge = msgspec.convert(e.value["charge"], ChildSpend)
+        except msgspec.ValidationError as error:
+            raise ReplayError(seq, f"child outcome {e.call_id!r} has a bad charge: {error}",
+                              d.task_id) from error
+        d.children_spend = d.children_spend.plus(charge)
 
 
 @_on(ev.TimerFired)

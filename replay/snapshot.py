@@ -58,9 +58,10 @@ from replay.state import AgentState, Approval, CallRecord
 from wal_engine.errors import SnapshotCorrupt
 from wal_engine.events import MessageAppended
 
-STATE_FORMAT: Final = 5
+STATE_FORMAT: Final = 6
 """Version of the snapshot encoding (msgpack of ``AgentState``, segmented, zstd segments).
-5 added the agent version, patch markers, hand-over reason and interruptions."""
+5 added the agent version, patch markers, hand-over reason and interruptions; 6 the spend
+charged from children (``children_spend``)."""
 
 segment_items: Final = 128
 """Items per segment (see docs/architecture.md for the measurements behind it)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -106,6 +106,28 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=T
     """LLM intents recorded, retries included."""
 
 
+CHILD_VALUE_PREFIX: Final = "child:"
+"""The journal name (``value_recorded`` kind) of a child's outcome as its parent recorded
+it (then the child's id); see :mod:`wal_engine.runtime.children`."""
+
+
+class ChildSpend(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """Spend counted against a budget: a child's, charged to its parent under the budget
+    policy ``share`` (the ``charge`` of the child's recorded outcome), and the total the
+    parent has been charged so far. Names as in :class:`wal_engine.budgets.Usage`."""
+
+    steps: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cost_usd: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    tool_calls: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def plus(self, other: ChildSpend) -> ChildSpend:
+        """The sum of both."""
+        return ChildSpend(steps=self.steps + other.steps, tokens=self.tokens + other.tokens,
+                          cost_usd=self.cost_usd + other.cost_usd,
+                          tool_calls=self.tool_calls + other.tool_calls)
+
+
 class Wait(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
     """What the task waits for: a timer, or a signal (optionally with a timeout).
 
@@ -177,6 +199,10 @@ class _StateFields(msgspec.Struct, kw_only=True):
     pending: dict[str, int] = {}
     """Calls in doubt (intended, no outcome): call id -> seq of the intent."""
     usage: Usage = Usage()
+    children_spend: ChildSpend = ChildSpend()
+    """What the task's children spawned with the budget policy ``share`` spent, charged
+    when each one's outcome was recorded (their own ``usage`` is theirs, not counted here
+    in ``usage``); the budget counts it with the task's own (:func:`budget_usage`)."""
     waiting_on: Wait | None = None
     attempts: int = 0
     last_seq: int = 0
@@ -252,14 +278,23 @@ def args_hash(value: Any) -> str:
 
 def budget_usage(state: _StateFields, *, runtime_s: float = 0.0) -> budgets.Usage:
     """What the budget arithmetic (:func:`wal_engine.budgets.first_trip`) counts as used in
-    ``state``: steps are the step index, tokens input plus output. ``runtime_s`` is not in
-    the log (it is measured on the database clock), so the caller gives it."""
-    usage = state.usage
+    ``state``: steps are the step index, tokens input plus output, each plus what the
+    task's ``share`` children were charged for. ``runtime_s`` is not in the log (it is
+    measured on the database clock), so the caller gives it."""
+    spend = total_spend(state)
     return budgets.Usage(
-        steps=state.step, tokens=usage.input_tokens + usage.output_tokens,
-        runtime_s=runtime_s, cost_usd=usage.cost_usd, tool_calls=usage.tool_calls,
-        attempts=state.attempts,
+        steps=spend.steps, tokens=spend.tokens, runtime_s=runtime_s, cost_usd=spend.cost_usd,
+        tool_calls=spend.tool_calls, attempts=state.attempts,
     )
+
+
+def total_spend(state: _StateFields) -> ChildSpend:
+    """The task's own spend and its ``share`` children's: what it charges its own parent
+    when that parent records its outcome under ``share``."""
+    usage = state.usage
+    return state.children_spend.plus(ChildSpend(
+        steps=state.step, tokens=usage.input_tokens + usage.output_tokens,
+        cost_usd=usage.cost_usd, tool_calls=usage.tool_calls))
 
 
 def initial_state(task_id: str) -> AgentState:

@@ -40,8 +40,11 @@ batch's archive written, fsynced and verified, its tasks not yet removed."""
 
 CHILD_POINTS: Final = (
     "after_child_submit",
+    "after_child_outcome",
 )
-"""Points of ``ctx.spawn``: the child created, its spawn not yet recorded in the parent."""
+"""Points of child tasks: the child created, its spawn not yet recorded in the parent
+(``ctx.spawn``); a child's outcome (and charge) recorded in the parent, its budget not yet
+checked (``handle.result()``)."""
 LIMITER_POINTS: Final = (
     "after_limiter_grant",
 )

@@ -301,7 +301,8 @@ SIGNATURES = {
                            " -> 'list[Any]'",
     'AgentContext.spawn': "(self, agent: 'str', input: 'Any' = None, *, task_id: 'str | None'"
                           " = None, budget: 'ev.Budget | None' = None, on_parent_end:"
-                          " 'ParentEndPolicy' = 'cancel') -> 'ChildHandle'",
+                          " 'ParentEndPolicy' = 'cancel', budget_policy: 'BudgetPolicy' ="
+                          " 'share') -> 'ChildHandle'",
     'AgentContext.tool': (
         "(self, name: 'str', function: 'Callable[..., Any]', args: 'Any' = None, *, "
         "result_type: 'Any' = None, idempotent: 'bool' = True, retry: 'RetryPolicy' = "

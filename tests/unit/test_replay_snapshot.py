@@ -119,7 +119,8 @@ def test_snapshot_policy_every_n_events() -> None:
 PINNED_SHAPE = {
     "AgentState": ("task_id", "agent", "status", "input", "budget", "parent_task_id",
                    "parent_seq", "messages", "step", "next_action", "calls", "pending", "usage",
-                   "waiting_on", "attempts", "last_seq", "last_hash", "plan", "plan_completed",
+                   "children_spend", "waiting_on", "attempts", "last_seq", "last_hash", "plan",
+                   "plan_completed",
                    "env", "signal_ids", "approvals", "commands", "output", "failure",
                    "budget_exceeded", "agent_version", "patches", "handed_over",
                    "interruptions"),
@@ -128,6 +129,7 @@ PINNED_SHAPE = {
                    "due_at_ms"),
     "CallError": ("error", "error_type", "retryable"),
     "Usage": ("input_tokens", "output_tokens", "cost_usd", "tool_calls", "llm_calls"),
+    "ChildSpend": ("steps", "tokens", "cost_usd", "tool_calls"),
     "Wait": ("call_id", "timer_id", "wake_at_ms", "signal", "timeout_ms"),
     "Approval": ("tool", "args_hash", "signal_name", "requested_seq", "approved", "approver",
                  "comment", "decided_seq"),
@@ -139,7 +141,7 @@ PINNED_SHAPE = {
 def test_state_shape_is_pinned_to_the_snapshot_format() -> None:
     """Changing AgentState's shape needs a new STATE_FORMAT (then update this pin with it)."""
     shape = {name: getattr(state_module, name).__struct_fields__ for name in PINNED_SHAPE}
-    assert (STATE_FORMAT, shape) == (5, PINNED_SHAPE), (
+    assert (STATE_FORMAT, shape) == (6, PINNED_SHAPE), (
         "AgentState changed: bump replay.snapshot.STATE_FORMAT so that old snapshots are "
         "ignored, then update PINNED_SHAPE and the format here"
     )

@@ -15,6 +15,14 @@ at once (the value ``child:<child id>``), otherwise the parent waits durably for
 signal (WAITING, lease dropped) and reads it again when woken. The outcome is a recorded
 value, so a re-run gets the same answer without asking the database.
 
+Budgets propagate by policy (``budget_policy``). ``share`` (the default): the child's
+steps, tokens, cost and tool-call limits are capped at spawn by what its parent has left
+of each, and when the parent records the child's outcome the value carries the child's
+spend (``charge``, folded from the child's log, its own ``share`` children included),
+which the parent's fold adds to ``children_spend``: its budget counts it from then on, the
+same on every replay, once. ``own``: the child's budget is only its own ``budget=`` and
+the parent is charged nothing.
+
 Checks happen before anything is journaled or written: an unknown agent, a bad input, an
 explicit id that is the task itself or one of its ancestors (a cycle), an id taken by
 another task, too many children. A task of another tenant is invisible to row security:
@@ -29,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
-from replay.state import CallKind
+from replay.state import CHILD_VALUE_PREFIX, CallKind, total_spend
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.budgets import BudgetTrip, validate_budget
 from wal_engine.errors import (
     CapExceeded,
     ChildTaskFailed,
@@ -54,8 +63,11 @@ if TYPE_CHECKING:
 ParentEndPolicy = Literal["cancel", "abandon"]
 SPAWN_VALUE_PREFIX: Final = "spawn:"
 """The journal name of a spawn (then the child's agent); its value names the child."""
-CHILD_VALUE_PREFIX: Final = "child:"
-"""The journal name of a child's recorded outcome (then the child's id)."""
+BudgetPolicy = Literal["share", "own"]
+BUDGET_POLICIES: Final = ("share", "own")
+SHARED_LIMITS: Final = ("max_steps", "max_tokens", "max_cost_usd", "max_tool_calls")
+"""The limits a ``share`` child is capped by and charges its parent for (its runtime
+overlaps its parent's, which the parent's own clock counts; attempts are its own)."""
 children_max: Final = 500
 """Children one task may spawn: each child's ending is a signal in its parent's inbox,
 which holds at most 1000 (schema.sql, signals_per_task)."""
@@ -150,9 +162,10 @@ def spawned_count(run: Run) -> int:
 
 
 async def check_replayed_spawn(run: Run, agent: str, input: Any, task_id: str | None,
-                               on_parent_end: str) -> tuple[Any, str | None]:
+                               budget: ev.Budget | None, on_parent_end: str,
+                               budget_policy: str) -> tuple[Any, str | None]:
     """The checks of a spawn that give the same answer on every run of the task's code
-    (its policy, agent, input and id, and the ancestry, which never changes): a re-run
+    (its policies, budget, agent, input and id, and the ancestry, which never changes): a re-run
     makes them again before the journal answers, so a spawn refused on the first run is
     refused again at the same point, not matched against the next recorded call.
 
@@ -161,6 +174,12 @@ async def check_replayed_spawn(run: Run, agent: str, input: Any, task_id: str | 
     """
     if on_parent_end not in ("cancel", "abandon"):
         raise InvalidInput(f"on_parent_end must be 'cancel' or 'abandon', not {on_parent_end!r}")
+    if budget_policy not in BUDGET_POLICIES:
+        raise InvalidInput(f"budget_policy must be 'share' or 'own', not {budget_policy!r}")
+    if budget is not None:
+        if not isinstance(budget, ev.Budget):
+            raise InvalidInput(f"budget must be a Budget, not {type(budget).__name__}")
+        validate_budget(budget)
     plain, version = plain_child_input(run, agent, input)
     if task_id is not None:
         validate_task_id(task_id)
@@ -169,14 +188,16 @@ async def check_replayed_spawn(run: Run, agent: str, input: Any, task_id: str | 
 
 
 async def check_spawn(run: Run, agent: str, input: Any, task_id: str | None,
-                      on_parent_end: str) -> tuple[Any, str | None]:
+                      budget: ev.Budget | None, on_parent_end: str,
+                      budget_policy: str) -> tuple[Any, str | None]:
     """Every check of a new spawn, before anything is journaled: its plain input and the
     agent's version.
 
     Raises:
         UnknownAgent, InvalidInput, TaskCycle, TaskAlreadyExists, CapExceeded.
     """
-    plain, version = await check_replayed_spawn(run, agent, input, task_id, on_parent_end)
+    plain, version = await check_replayed_spawn(run, agent, input, task_id, budget,
+                                                on_parent_end, budget_policy)
     if spawned_count(run) >= children_max:
         raise CapExceeded("children_per_task", f"a task spawns at most {children_max} children")
     if task_id is not None:
@@ -186,18 +207,65 @@ async def check_spawn(run: Run, agent: str, input: Any, task_id: str | None,
     return plain, version
 
 
+def shared_budget(run: Run, budget: ev.Budget | None) -> ev.Budget | BudgetTrip | None:
+    """The budget of a ``share`` child: each limit of :data:`SHARED_LIMITS` the parent sets
+    is capped by what the parent has left of it now (its own spend and its ``share``
+    children's charged so far, all from its log: a re-run of the spawn computes the same);
+    the child's other limits are its own. A limit the parent has used up is the trip the
+    spawn fails the parent with, as a call would."""
+    parent = run.view.budget
+    used = run.usage()
+    limits: dict[str, Any] = {} if budget is None else {
+        name: getattr(budget, name) for name in budget.__struct_fields__}
+    for name in SHARED_LIMITS:
+        limit = getattr(parent, name)
+        if limit is None:
+            continue
+        spent = getattr(used, name.removeprefix("max_"))
+        left = limit - spent
+        if left <= 0:
+            return BudgetTrip(budget=name, limit=float(limit), used=float(spent))
+        own = limits.get(name)
+        limits[name] = left if own is None else min(own, left)
+    capped = ev.Budget(**limits)
+    return budget if capped == (budget or ev.Budget()) else capped
+
+
+def spawn_policy(run: Run, child: str) -> str:
+    """The budget policy the spawn of ``child`` recorded (``own`` for a spawn recorded
+    without one, as every spawn was before policies existed)."""
+    for call in run.view.calls.values():
+        if call.kind is CallKind.VALUE and call.name.startswith(SPAWN_VALUE_PREFIX) \
+                and isinstance(call.result, dict) and call.result.get("task_id") == child:
+            return str(call.result.get("budget_policy", "own"))
+    return "own"
+
+
+def charged_already(run: Run, child: str) -> bool:
+    """Whether an outcome of ``child`` recorded earlier (a second ``result()``) charged
+    its spend: a child is charged once."""
+    name = f"{CHILD_VALUE_PREFIX}{child}"
+    return any(call.kind is CallKind.VALUE and call.name == name
+               and isinstance(call.result, dict) and "charge" in call.result
+               for call in run.view.calls.values())
+
+
 async def start_child(run: Run, call_id: str, agent: str, input: Any, *,
                       task_id: str | None, budget: ev.Budget | None, version: str | None,
-                      on_parent_end: str) -> str:
-    """Create the child (idempotently), then record the spawn; the child's id."""
+                      on_parent_end: str, budget_policy: str) -> str:
+    """Create the child (idempotently), then record the spawn and its budget policy (a
+    spawn recorded without one is ``own``); the child's id."""
     child = task_id or child_task_id(run.task_id, call_id)
     await run.services.store.create_child_task(
         child, agent, parent_task_id=run.task_id, input=input, budget=budget,
         agent_version=version, on_parent_end=on_parent_end)
     failpoints.hit("after_child_submit")
+    value: dict[str, Any] = {"task_id": child}
+    if budget_policy != "own":
+        value["budget_policy"] = budget_policy
     await run.append([ev.ValueRecorded(call_id=call_id, kind=f"{SPAWN_VALUE_PREFIX}{agent}",
-                                       value={"task_id": child})])
-    run.log.info("child_spawned", child_task_id=child, agent=agent)
+                                       value=value)])
+    run.log.info("child_spawned", child_task_id=child, agent=agent, budget_policy=budget_policy)
     return child
 
 
@@ -219,9 +287,11 @@ async def handle_of(run: Run, task_id: str) -> str:
     return task_id
 
 
-async def child_outcome(run: Run, child: str) -> dict[str, Any]:
+async def child_outcome(run: Run, child: str, *, charge: bool) -> dict[str, Any]:
     """The child's outcome once it has ended, as the parent records it; waits durably
-    (raises ``Suspended``) while it runs."""
+    (raises ``Suspended``) while it runs. With ``charge``, the outcome holds the child's
+    spend (``charge``: its own and its ``share`` children's, folded from its log, which
+    no longer changes), which the parent's fold adds to its budget's usage."""
     signal = f"{CHILD_SIGNAL_PREFIX}{child}"
     row = await read_task(run, child)
     if row is None:
@@ -239,13 +309,16 @@ async def child_outcome(run: Run, child: str) -> dict[str, Any]:
     from wal_engine.runtime.resume import resume
 
     state = await resume(run.services.store, child)
+    extra: dict[str, Any] = {}
+    if charge:
+        extra["charge"] = msgspec.to_builtins(total_spend(state))
     if state.status is Status.COMPLETED:
-        return {"task_id": child, "status": "COMPLETED", "output": state.output}
+        return {"task_id": child, "status": "COMPLETED", "output": state.output, **extra}
     failure = state.failure
     return {"task_id": child, "status": "FAILED",
             "reason": "failed" if failure is None else failure.reason,
             "error": None if failure is None else failure.error,
-            "cancelled": False if failure is None else failure.cancelled}
+            "cancelled": False if failure is None else failure.cancelled, **extra}
 
 
 def outcome_value(value: Any) -> Any:

@@ -17,9 +17,10 @@ import msgspec
 
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.journal import Fresh, InDoubt, Outcome, Recorded
-from replay.state import AgentState, CallKind, args_hash
+from replay.state import CHILD_VALUE_PREFIX, AgentState, CallKind, args_hash
 from wal_engine import events as ev
 from wal_engine import failpoints
+from wal_engine.budgets import BudgetTrip
 from wal_engine.clock import now_ms
 from wal_engine.effects.gateway import Claim
 from wal_engine.errors import CallTimedOut as CallTimedOut
@@ -29,16 +30,19 @@ from wal_engine.errors import ToolError as ToolError
 from wal_engine.retries import DEFAULT_POLICY, LeaseExpired, RetryPolicy
 from wal_engine.runtime.calls import CallDriver, LlmSpec, ToolSpec, decide_approval
 from wal_engine.runtime.children import (
-    CHILD_VALUE_PREFIX,
     SPAWN_VALUE_PREFIX,
+    BudgetPolicy,
     ChildHandle,
     ParentEndPolicy,
+    charged_already,
     check_replayed_spawn,
     check_spawn,
     child_outcome,
     gather,
     handle_of,
     outcome_value,
+    shared_budget,
+    spawn_policy,
     start_child,
 )
 from wal_engine.runtime.control import (
@@ -430,7 +434,8 @@ class AgentContext:
 
     async def spawn(self, agent: str, input: Any = None, *, task_id: str | None = None,
                     budget: ev.Budget | None = None,
-                    on_parent_end: ParentEndPolicy = "cancel") -> ChildHandle:
+                    on_parent_end: ParentEndPolicy = "cancel",
+                    budget_policy: BudgetPolicy = "share") -> ChildHandle:
         """Start a child task of agent ``agent`` and return its handle (journaled: a re-run
         gets the same child back, and no re-run or crash creates a second one).
 
@@ -442,10 +447,16 @@ class AgentContext:
             on_parent_end: What happens to the child, still running, when this task ends
                 (completed, failed or cancelled): ``"cancel"`` it, or ``"abandon"`` it
                 (it runs on, awaited by nobody).
+            budget_policy: ``"share"``: the child's step, token, cost and tool-call limits
+                are capped by what this task has left of its own (``budget`` may only
+                lower them), and the child's spend is charged to this task's budget when
+                its outcome is recorded (``handle.result()``); a limit this task has used
+                up fails it (``budget_exceeded``) at the spawn. ``"own"``: the child has
+                ``budget`` alone and this task is charged nothing.
 
         Raises:
             UnknownAgent: no agent of that name is registered.
-            InvalidInput: a bad input or policy (nothing is written).
+            InvalidInput: a bad input, budget or policy (nothing is written).
             TaskCycle: ``task_id`` is this task or one of its ancestors.
             TaskAlreadyExists: ``task_id`` is another task's.
         """
@@ -458,17 +469,26 @@ class AgentContext:
             # made again first: a spawn the first run refused (the journal did not move)
             # is refused again here, not matched against the next recorded call. A
             # finished history records nothing more: the journal says so.
-            await check_replayed_spawn(run, agent, input, task_id, on_parent_end)
+            await check_replayed_spawn(run, agent, input, task_id, budget, on_parent_end,
+                                       budget_policy)
             outcome = await self._next(CallKind.VALUE, name, "")
             assert isinstance(outcome, Recorded)
             return self._handle(str(outcome.result["task_id"]))
         # Checked before the journal moves: a refused spawn leaves no trace, in the log or
         # in the order of the calls that follow.
-        plain, version = await check_spawn(run, agent, input, task_id, on_parent_end)
+        plain, version = await check_spawn(run, agent, input, task_id, budget, on_parent_end,
+                                           budget_policy)
+        if budget_policy == "share":
+            capped = shared_budget(run, budget)
+            if isinstance(capped, BudgetTrip):
+                await run.fail_budget(capped)
+            else:
+                budget = capped
         outcome = await self._next(CallKind.VALUE, name, "")
         assert isinstance(outcome, Fresh)
         child = await start_child(run, outcome.call_id, agent, plain, task_id=task_id,
-                                  budget=budget, version=version, on_parent_end=on_parent_end)
+                                  budget=budget, version=version, on_parent_end=on_parent_end,
+                                  budget_policy=budget_policy)
         return self._handle(child)
 
     async def child(self, task_id: str) -> ChildHandle:
@@ -495,11 +515,21 @@ class AgentContext:
         if isinstance(outcome, Recorded):
             return outcome_value(outcome.result)
         assert isinstance(outcome, Fresh)
-        value = await child_outcome(self._run, child)
-        await self._run.append([ev.ValueRecorded(
+        run = self._run
+        charge = spawn_policy(run, child) == "share" and not charged_already(run, child)
+        value = await child_outcome(run, child, charge=charge)
+        await run.append([ev.ValueRecorded(
             call_id=outcome.call_id, kind=f"{CHILD_VALUE_PREFIX}{child}", value=value)])
-        recorded = self._run.last_appended[-1]
+        recorded = run.last_appended[-1]
         assert isinstance(recorded, ev.ValueRecorded)
+        failpoints.hit("after_child_outcome")
+        if charge:
+            # The child's spend now counts: a budget it used up fails this task here, as
+            # its own spend would at its next call (after a crash right here, the claim's
+            # budget check does).
+            trip = run.check_budget()
+            if trip is not None:
+                await run.fail_budget(trip)
         return outcome_value(recorded.value)
 
     # ------------------------------------------------------------------ versions

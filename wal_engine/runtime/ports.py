@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from replay.journal import Journal
     from replay.state import AgentState
     from wal_engine import events as ev
-    from wal_engine.budgets import BudgetTrip
+    from wal_engine.budgets import BudgetTrip, Usage
     from wal_engine.clock import Clock, RandomSource
     from wal_engine.effects.gateway import IdempotencyGateway
     from wal_engine.runtime.hooks import AgentHooks
@@ -167,6 +167,8 @@ class Run(Protocol):
                                       failure: ev.Event) -> ev.Event | None: ...
 
     def adopt_append(self, event: ev.Event, result: Any) -> None: ...
+
+    def usage(self) -> Usage: ...
 
     def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
                      starting_step: bool = False) -> BudgetTrip | None: ...

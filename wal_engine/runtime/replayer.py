@@ -34,10 +34,10 @@ import orjson
 from replay.divergence import CallSignature, NonDeterminismError
 from replay.fold import FoldItem, StateBuilder, fold
 from replay.journal import Fresh, InDoubt, Journal, Outcome, Recorded, Retry
-from replay.state import AgentState, CallKind
+from replay.state import AgentState, CallKind, budget_usage
 from wal_engine import events as ev
 from wal_engine import limits
-from wal_engine.budgets import BudgetTrip
+from wal_engine.budgets import BudgetTrip, Usage
 from wal_engine.errors import ConfigurationError, InvalidPayload
 from wal_engine.observability.logs import get_logger
 from wal_engine.runtime.ports import RunServices
@@ -277,6 +277,9 @@ class _ReplayRun:
 
     def adopt_append(self, event: ev.Event, result: Any) -> None:
         raise ReplayFinished("an effect would commit here", self.view.last_seq)
+
+    def usage(self) -> Usage:
+        return budget_usage(self.view)  # No runtime: the replay is not the task's run.
 
     def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
                      starting_step: bool = False) -> BudgetTrip | None:

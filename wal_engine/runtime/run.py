@@ -22,13 +22,14 @@ from concurrent.futures import Executor
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import structlog
 
 from replay.divergence import NonDeterminismError
 from replay.fold import StateBuilder
 from replay.journal import Journal
 from replay.snapshot import SnapshotSegments
-from replay.state import AgentState
+from replay.state import AgentState, ChildSpend, budget_usage
 from wal_engine import events as ev
 from wal_engine import limits
 from wal_engine.budgets import BudgetTrip, Usage, first_trip
@@ -610,14 +611,10 @@ class TaskRun:
     # ------------------------------------------------------------------ endings
 
     def usage(self) -> Usage:
-        """Usage as the budget arithmetic sees it (no copy of the state)."""
+        """Usage as the budget arithmetic sees it (no copy of the state): the task's own
+        and what its ``share`` children were charged for."""
         assert self.builder is not None
-        state = self.builder.view
-        return Usage(
-            steps=state.step, tokens=state.usage.input_tokens + state.usage.output_tokens,
-            runtime_s=self.runtime_s(), cost_usd=state.usage.cost_usd,
-            tool_calls=state.usage.tool_calls, attempts=state.attempts,
-        )
+        return budget_usage(self.builder.view, runtime_s=self.runtime_s())
 
     def check_budget(self, *, at_claim: bool = False, planned_tool_calls: int = 0,
                      starting_step: bool = False) -> BudgetTrip | None:
@@ -689,6 +686,8 @@ class TaskRun:
                       "output_tokens": state.usage.output_tokens,
                       "cost_usd": state.usage.cost_usd, "tool_calls": state.usage.tool_calls,
                       "llm_calls": state.usage.llm_calls, "runtime_s": round(self.runtime_s(), 3)},
+            **({"children_spend": msgspec.to_builtins(state.children_spend)}
+               if state.children_spend != ChildSpend() else {}),
             "budget": _budget_fields(state.budget),
             "last_events": [{"seq": r.seq, "type": r.type} for r in last],
         }
