@@ -376,8 +376,15 @@ async def test_children_under_a_tenants_runtime_role(tenant_roles: Any) -> None:
             return [doubled, await waiting.result()]
 
         task = await engine.submit("family", None, task_id="family")
-        await run_worker_until_idle(engine, **FAST)
-        assert (await engine.head(task)).status is Status.WAITING
+
+        async def parked_on_the_second_child() -> None:
+            # A worker run until idle can end just as the first child's ending wakes the
+            # parent (RESUMING): run again until the parent waits on the second child.
+            while not ((await engine.head(task)).status is Status.WAITING
+                       and "family:child:value-2" in await _tasks(engine)):
+                await run_worker_until_idle(engine, **FAST)
+
+        await asyncio.wait_for(parked_on_the_second_child(), 30)
         assert await engine.cancel(task)
         assert await _tasks(engine) == {"family": "FAILED", "family:child:value-0": "COMPLETED",
                                         "family:child:value-2": "FAILED"}
