@@ -883,7 +883,11 @@ BEGIN
             claim_type := CASE WHEN due.status = 'QUEUED' THEN 'task_claimed' ELSE 'task_resumed' END;
             UPDATE wal_tasks t
                SET lease_epoch = new_epoch, lease_owner = p_worker,
-                   lease_expires_at = now() + make_interval(secs => p_lease_ttl_ms / 1000.0),
+                   -- From the time of the claim, as its event records it (wal_emit:
+                   -- clock_timestamp()): a claim that waited for its queue's lock would
+                   -- otherwise hold a lease that ends before TTL after its claim event.
+                   lease_expires_at = clock_timestamp()
+                                      + make_interval(secs => p_lease_ttl_ms / 1000.0),
                    wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
                    started_at = coalesce(t.started_at, now()), agent_version = pinned
              WHERE t.tenant = my_tenant AND t.task_id = due.task_id;

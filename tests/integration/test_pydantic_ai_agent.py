@@ -362,7 +362,11 @@ async def test_a_worker_stopping_mid_run_hands_the_task_back_through_pydantic_ai
     assert str((await engine.head(task_id)).status) == "RESUMING"
     await run_worker_until_idle(engine)
     types = [record.type for record in await engine.history(task_id)]
-    assert types.count("task_released") == 1 and types[-1] == "task_completed"
+    # Released at least once (a claim statement already in flight when the stop came can
+    # take the released task back; the draining worker then hands it back again at once),
+    # never failed, and the tool ran once.
+    assert "task_released" in types and "task_failed" not in types
+    assert types[-1] == "task_completed"
     assert types.count("tool_call_intended") == 1 and runs == [0]
 
 

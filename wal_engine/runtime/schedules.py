@@ -118,6 +118,13 @@ NEXT_DUE_MS: Final = f"""
 SELECT extract(epoch FROM min(next_tick) - now()) * 1000 FROM wal_schedules
  WHERE {_MINE} AND NOT paused
 """
+# Whether any schedule is due ($1 as in CLAIM_DUE_SCHEDULE): one statement outside a
+# transaction, so that a worker with nothing due opens none (a session idle in a
+# transaction between statements is what D7 looks for, and three round trips a poll).
+ANY_DUE: Final = f"""
+SELECT EXISTS (SELECT 1 FROM wal_schedules
+                WHERE {_MINE} AND NOT paused AND next_tick <= coalesce($1::timestamptz, now()))
+"""
 
 
 class ScheduleInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -327,6 +334,8 @@ async def fire_due(connection: asyncpg.Connection, store: Store, *,
     transaction on ``connection``; what each did. ``now`` replaces the database's clock
     (tests: a tick due in the past or across a DST change, at no wait)."""
     fired: list[TickFired] = []
+    if not await connection.fetchval(ANY_DUE, now):
+        return fired
     for _ in range(batch):
         one = await _fire_one(connection, store, now, log)
         if one is None:
