@@ -1409,24 +1409,7 @@ CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
     ON wal_tasks (tenant, priority DESC, (coalesce(wake_at, created_at)), task_id)
     WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
 
-DO $queue_policies$
-DECLARE
-    item text;
-    session_tenant text := $tenant$(SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant()))$tenant$;
-BEGIN
-    FOREACH item IN ARRAY ARRAY['wal_queues', 'wal_queue_changes'] LOOP
-        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
-        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
-        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
-        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
-                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
-                       item, session_tenant, session_tenant);
-    END LOOP;
-END;
-$queue_policies$;
+-- Row security: the log's policy (section "tenant policies", at the end).
 
 -- Create a queue or change its limits, and record the change (when there is one) in
 -- wal_queue_changes in the same transaction. A NULL limit leaves that limit as it is;
@@ -1507,18 +1490,7 @@ CREATE TABLE IF NOT EXISTS wal_workers (
     seen_at    timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT wal_workers_pkey PRIMARY KEY (tenant, worker_id)
 );
-ALTER TABLE wal_workers ENABLE ROW LEVEL SECURITY;
-ALTER TABLE wal_workers FORCE ROW LEVEL SECURITY;
-DROP POLICY IF EXISTS wal_tenant_isolation ON wal_workers;
-CREATE POLICY wal_tenant_isolation ON wal_workers
-    USING (tenant = (SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant())))
-    WITH CHECK (tenant = (SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant())));
+-- Row security: the log's policy (applied with the others at the end, "tenant policies").
 
 -- Forget this tenant's worker registrations not renewed for a week. A running worker renews
 -- its row hourly and `submit` reads a day back, so a week-old row is of a worker gone for
@@ -1581,18 +1553,7 @@ CREATE TABLE IF NOT EXISTS wal_schedules (
 );
 CREATE INDEX IF NOT EXISTS wal_schedules_due ON wal_schedules (tenant, next_tick)
     WHERE NOT paused;
-ALTER TABLE wal_schedules ENABLE ROW LEVEL SECURITY;
-ALTER TABLE wal_schedules FORCE ROW LEVEL SECURITY;
-DROP POLICY IF EXISTS wal_tenant_isolation ON wal_schedules;
-CREATE POLICY wal_tenant_isolation ON wal_schedules
-    USING (tenant = (SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant())))
-    WITH CHECK (tenant = (SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant())));
+-- Row security: the log's policy (applied with the others at the end, "tenant policies").
 
 -- Delete one of this tenant's schedules; whether it existed. Runs with the owner's rights
 -- (security.sql) so that runtime roles hold no table-level DELETE; row security keeps it
@@ -1731,26 +1692,7 @@ CREATE TABLE IF NOT EXISTS wal_limiter_reservations (
 );
 CREATE INDEX IF NOT EXISTS wal_limiter_reservations_window
     ON wal_limiter_reservations (tenant, name, reserved_at);
-DO $limiter_rls$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['wal_limiters', 'wal_limiter_reservations'] LOOP
-        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', t);
-        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', t);
-        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', t);
-        EXECUTE format($p$CREATE POLICY wal_tenant_isolation ON %I
-            USING (tenant = (SELECT coalesce(
-                (SELECT m.tenant FROM wal_tenant_roles m
-                  WHERE m.role_name = session_user AND m.enabled),
-                wal_trusted_tenant())))
-            WITH CHECK (tenant = (SELECT coalesce(
-                (SELECT m.tenant FROM wal_tenant_roles m
-                  WHERE m.role_name = session_user AND m.enabled),
-                wal_trusted_tenant())))$p$, t);
-    END LOOP;
-END
-$limiter_rls$;
+-- Row security: the log's policy (section "tenant policies", at the end).
 
 -- Grant one attempt of a call p_tokens tokens (0 for a limiter of requests only) under
 -- p_name, or say how long to wait (granted false, wait_ms > 0). A grant already made
@@ -1969,24 +1911,7 @@ CREATE OR REPLACE TRIGGER wal_archived_tasks_no_truncate
     BEFORE TRUNCATE ON wal_archived_tasks
     FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change();
 
-DO $retention_policies$
-DECLARE
-    item text;
-    session_tenant text := $tenant$(SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant()))$tenant$;
-BEGIN
-    FOREACH item IN ARRAY ARRAY['wal_retention_log', 'wal_archived_tasks'] LOOP
-        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
-        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
-        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
-        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
-                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
-                       item, session_tenant, session_tenant);
-    END LOOP;
-END;
-$retention_policies$;
+-- Row security: the log's policy (section "tenant policies", at the end).
 
 -- A submission of an archived task id inserts nothing (the row is dropped, so the
 -- statement's ON CONFLICT path reads as "the id is taken"); one index probe per new task.
@@ -2105,3 +2030,30 @@ BEGIN
 END;
 $$;
 -- ======================================================== end of retention (issue 23)
+
+-- ============================================================ tenant policies
+-- Row security of the tables added after the log's own (worker registrations, schedules,
+-- queues, limiters, retention): the same policy as the log's ($policies$ above), enabled
+-- and forced, in one place. The whole schema applies in one transaction, so no table is
+-- ever visible without it.
+DO $more_policies$
+DECLARE
+    item text;
+    session_tenant text := $tenant$(SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()))$tenant$;
+BEGIN
+    FOREACH item IN ARRAY ARRAY['wal_workers', 'wal_schedules', 'wal_queues',
+                                'wal_queue_changes', 'wal_limiters',
+                                'wal_limiter_reservations', 'wal_retention_log',
+                                'wal_archived_tasks'] LOOP
+        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', item);
+        EXECUTE format('ALTER TABLE %I FORCE ROW LEVEL SECURITY', item);
+        EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', item);
+        EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                       'USING (tenant = %s) WITH CHECK (tenant = %s)',
+                       item, session_tenant, session_tenant);
+    END LOOP;
+END;
+$more_policies$;
