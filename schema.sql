@@ -751,6 +751,7 @@ DECLARE
     due record;
     new_epoch bigint;
     claim_type text;
+    claim_seq bigint;
     pinned text;
     claimed integer := 0;
     rounds integer := 0;
@@ -891,11 +892,21 @@ BEGIN
                    wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
                    started_at = coalesce(t.started_at, now()), agent_version = pinned
              WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
-            PERFORM wal_emit(due.task_id, claim_type,
-                             jsonb_strip_nulls(jsonb_build_object(
-                                 'worker_id', p_worker, 'attempt', due.attempts + 1,
-                                 'agent_version', pinned)),
-                             new_epoch, 'RUNNING');
+            claim_seq := wal_emit(due.task_id, claim_type,
+                                  jsonb_strip_nulls(jsonb_build_object(
+                                      'worker_id', p_worker, 'attempt', due.attempts + 1,
+                                      'agent_version', pinned)),
+                                  new_epoch, 'RUNNING');
+            -- The lease runs from the claim as its event records it, to the microsecond
+            -- (the process can be descheduled between the UPDATE above and the event's
+            -- clock reading; a sweep must never find a lease broken before TTL after its
+            -- claim event).
+            UPDATE wal_tasks t
+               SET lease_expires_at = e.recorded_at
+                                      + make_interval(secs => p_lease_ttl_ms / 1000.0)
+              FROM wal_events e
+             WHERE t.tenant = my_tenant AND t.task_id = due.task_id
+               AND e.tenant = my_tenant AND e.task_id = due.task_id AND e.seq = claim_seq;
             RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
                                 t.attempts, t.started_at, now(), t.agent_version, t.queue
                            FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
