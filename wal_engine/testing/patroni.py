@@ -311,11 +311,16 @@ class PatroniCluster:
         started = time.monotonic()
         try:
             self.etcd.start()
-            for node in self.nodes.values():
+            for index, node in enumerate(self.nodes.values()):
                 node.root.mkdir(mode=0o700)
                 self._write_config(node)
                 self.account.give(node.root)
                 self.start_node(node.name)
+                if index == 0:
+                    # The first node bootstraps the cluster alone: started together, two
+                    # nodes could race for the initialize key and the loser aborted with
+                    # "Failed to bootstrap cluster" (seen once under load in CI).
+                    self.wait_for_leader(start_timeout_s)
             self.wait_healthy(start_timeout_s)
             self._create_database()
         except PatroniUnavailable as error:
