@@ -181,7 +181,8 @@ CREATE TABLE IF NOT EXISTS wal_events (
     hash            bytea NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT wal_events_pkey PRIMARY KEY (tenant, task_id, seq)
-);
+)
+PARTITION BY RANGE (task_id);  -- decision 70: section "partitioning", at the end
 
 -- Databases created before decision 28 have them: drop them (by whatever name they got).
 DO $no_event_checks$
@@ -207,7 +208,8 @@ CREATE TABLE IF NOT EXISTS wal_snapshots (
     state_format smallint NOT NULL DEFAULT 1,
     created_at   timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT wal_snapshots_pkey PRIMARY KEY (tenant, task_id, seq)
-);
+)
+PARTITION BY RANGE (task_id);  -- decision 70: section "partitioning", at the end
 
 -- ---- segmented snapshots (replay/snapshot.py, STATE_FORMAT 3 and up) ----------------------
 -- The growing collections of a snapshot's state (messages, calls, ...) are stored once per
@@ -229,7 +231,8 @@ CREATE TABLE IF NOT EXISTS wal_snapshot_segments (
     digest  bytea NOT NULL CHECK (octet_length(digest) = 32),
     data    bytea NOT NULL,
     CONSTRAINT wal_snapshot_segments_pkey PRIMARY KEY (tenant, task_id, field, ordinal, digest)
-);
+)
+PARTITION BY RANGE (task_id);  -- decision 70: section "partitioning", at the end
 
 ALTER TABLE wal_snapshot_segments ALTER COLUMN data SET STORAGE EXTERNAL;
 -- ---- end of segmented snapshots -----------------------------------------------------------
@@ -262,7 +265,8 @@ CREATE TABLE IF NOT EXISTS wal_blobs (
         AND value_bytes BETWEEN 1 AND 67108864
         AND ordinal >= 0 AND ordinal::int8 * 1048576 < value_bytes
         AND octet_length(data) BETWEEN 1 AND 1114112)
-);
+)
+PARTITION BY RANGE (task_id);  -- decision 70: section "partitioning", at the end
 ALTER TABLE wal_blobs ALTER COLUMN data SET STORAGE EXTERNAL;
 -- ---- end of large values (the triggers are with the functions below) ---------------------
 
@@ -370,6 +374,61 @@ BEGIN
     END LOOP;
 END;
 $tenancy$;
+
+-- ------------------------------------------------------ partitioning (version 5, decision 70)
+-- A database of version 4 or older has the log's per-task tables unpartitioned. Each becomes
+-- the DEFAULT partition of a new partitioned table of the same name (renamed, not copied:
+-- no row is read or written here); the month partitions are then created by
+-- wal_ensure_partitions (section "partitioning", at the end), which moves the rows whose ids
+-- fall in a month's range out of the default partition. Its triggers and policy are dropped
+-- here: the partitioned table's are created below and cloned onto it, and
+-- wal_secure_partition gives it the partitions' own. Runs any number of times: a
+-- partitioned table is left alone.
+DO $partitioned$
+DECLARE
+    v_table text;
+    v_default text;
+    v_key text;
+    found record;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['wal_events', 'wal_snapshots', 'wal_snapshot_segments',
+                                   'wal_blobs'] LOOP
+        CONTINUE WHEN (SELECT c.relkind FROM pg_class c WHERE c.oid = v_table::regclass) = 'p';
+        v_default := v_table || '_default';
+        SELECT pg_get_constraintdef(c.oid) INTO v_key FROM pg_constraint c
+         WHERE c.conrelid = v_table::regclass AND c.contype = 'p';
+        FOR found IN SELECT t.tgname FROM pg_trigger t
+                      WHERE t.tgrelid = v_table::regclass AND NOT t.tgisinternal LOOP
+            EXECUTE format('DROP TRIGGER %I ON %I', found.tgname, v_table);
+        END LOOP;
+        FOR found IN SELECT p.polname FROM pg_policy p WHERE p.polrelid = v_table::regclass LOOP
+            EXECUTE format('DROP POLICY %I ON %I', found.polname, v_table);
+        END LOOP;
+        EXECUTE format('ALTER TABLE %I RENAME TO %I', v_table, v_default);
+        EXECUTE format('ALTER INDEX %I RENAME TO %I', v_table || '_pkey', v_default || '_pkey');
+        EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                       'INCLUDING STORAGE) PARTITION BY RANGE (task_id)', v_table, v_default);
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I %s', v_table, v_table || '_pkey', v_key);
+        -- A CHECK added NOT VALID (wal_events_bounds: rows stored before it are not re-read)
+        -- is copied as a valid one, which ATTACH would refuse: put back NOT VALID after it.
+        FOR found IN SELECT c.conname, pg_get_constraintdef(c.oid) AS definition
+                       FROM pg_constraint c
+                      WHERE c.conrelid = v_default::regclass AND c.contype = 'c'
+                        AND NOT c.convalidated LOOP
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', v_table, found.conname);
+        END LOOP;
+        EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I DEFAULT', v_table, v_default);
+        FOR found IN SELECT c.conname, pg_get_constraintdef(c.oid) AS definition
+                       FROM pg_constraint c
+                      WHERE c.conrelid = v_default::regclass AND c.contype = 'c'
+                        AND NOT c.convalidated AND c.coninhcount = 0 LOOP
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', v_default, found.conname);
+            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I %s', v_table, found.conname,
+                           found.definition);
+        END LOOP;
+    END LOOP;
+END;
+$partitioned$;
 
 -- Version 1's indexes had no tenant.
 DROP INDEX IF EXISTS wal_tasks_claimable;
@@ -561,13 +620,23 @@ CREATE OR REPLACE TRIGGER wal_tasks_update_status
 
 CREATE OR REPLACE FUNCTION wal_refuse_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    -- The table as the engine names it: a partition's rows are its partitioned table's
+    -- (decision 70; the triggers of a partitioned table are cloned onto its partitions).
+    v_table text := TG_TABLE_NAME;
+    v_copy text;
+    v_copied boolean;
 BEGIN
+    IF TG_OP = 'DELETE' AND TG_LEVEL = 'ROW' THEN
+        v_table := coalesce((SELECT c.relname::text FROM pg_class c
+                              WHERE c.oid = pg_partition_root(TG_RELID)), TG_TABLE_NAME);
+    END IF;
     -- The one exception: rows of a task being archived by wal_retention_remove in this very
     -- transaction (section "retention" at the end: its log row, its tombstone, its flag).
     -- (Nested: OLD.task_id is read only for those tables; the trigger also guards tables
     -- without that column, such as wal_queue_changes, and plpgsql resolves every field
     -- of a condition it evaluates.)
-    IF TG_OP = 'DELETE' AND TG_TABLE_NAME IN ('wal_events', 'wal_blobs', 'wal_signals') THEN
+    IF TG_OP = 'DELETE' AND v_table IN ('wal_events', 'wal_blobs', 'wal_signals') THEN
         IF coalesce(current_setting('wal_engine.retention_id', true), '') <> ''
            AND EXISTS (
                SELECT 1 FROM wal_archived_tasks a
@@ -577,6 +646,21 @@ BEGIN
                   AND l.retention_id::text = current_setting('wal_engine.retention_id', true)
                   AND l.txid = pg_current_xact_id()) THEN
             RETURN OLD;
+        END IF;
+        -- And a row moved out of the default partition by wal_ensure_partitions into the
+        -- month partition it creates (section "partitioning"): passed only when the flag
+        -- wal_engine.partition_move names a month table of this one, not yet attached,
+        -- holding an identical row. Only the owner can delete from a partition at all.
+        v_copy := coalesce(current_setting('wal_engine.partition_move', true), '');
+        IF TG_TABLE_NAME = v_table || '_default' AND v_copy ~ ('^' || v_table || '_p[0-9]{6}$')
+           AND to_regclass(v_copy) IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = to_regclass(v_copy))
+        THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %I x WHERE to_jsonb(x) = $1)',
+                           v_copy) INTO v_copied USING to_jsonb(OLD);
+            IF v_copied THEN
+                RETURN OLD;
+            END IF;
         END IF;
     END IF;
     RAISE EXCEPTION '% on % is not allowed: the log is append-only', TG_OP, TG_TABLE_NAME
@@ -1892,6 +1976,9 @@ CREATE TABLE IF NOT EXISTS wal_retention_log (
     anchor_public_key text,
     CONSTRAINT wal_retention_log_pkey PRIMARY KEY (tenant, retention_id)
 );
+-- The month partitions the batch dropped whole (decision 70; version 5).
+ALTER TABLE wal_retention_log ADD COLUMN IF NOT EXISTS partitions_dropped text[] NOT NULL
+    DEFAULT '{}';
 
 CREATE TABLE IF NOT EXISTS wal_archived_tasks (
     tenant           text NOT NULL DEFAULT current_setting('wal.tenant')
@@ -1958,6 +2045,11 @@ DECLARE
     v_bad record;
     v_id bigint;
     v_events bigint;
+    v_months text[];
+    v_month text;
+    v_table text;
+    v_dropped text[] := '{}';
+    v_kept text[];
 BEGIN
     IF NOT pg_has_role(current_user, v_owner, 'MEMBER') THEN
         RAISE EXCEPTION 'retention removes tasks as the owner of the log only'
@@ -2008,11 +2100,31 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_events FROM wal_events x
      WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids);
+    -- The month partitions holding this batch's tasks that hold nothing else but archived
+    -- tasks, of any tenant (decision 70): dropped whole at the end instead of deleting
+    -- their rows. Locked here (only those partitions: archived months), rechecked under
+    -- the lock.
+    SELECT coalesce(array_agg(m.month ORDER BY m.month), '{}') INTO v_months
+      FROM (SELECT DISTINCT substr(x.tableoid::regclass::text, length('wal_events_p') + 1)
+                            AS month
+              FROM wal_events x
+             WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids)
+               AND x.tableoid::regclass::text ~ '^wal_events_p[0-9]{6}$') AS m
+     WHERE wal_partition_blocker(m.month, p_task_ids) IS NULL;
+    FOREACH v_month IN ARRAY v_months LOOP
+        FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+            EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_table || '_p' || v_month);
+        END LOOP;
+        IF wal_partition_blocker(v_month, p_task_ids) IS NULL THEN
+            v_dropped := v_dropped || ('wal_events_p' || v_month);
+        END IF;
+    END LOOP;
     INSERT INTO wal_retention_log AS l (tenant, finished_before, tasks, task_ids, events,
                                         archive_name, archive_sha256, anchor_root,
-                                        anchor_public_key)
+                                        anchor_public_key, partitions_dropped)
     VALUES (v_tenant, p_finished_before, cardinality(p_task_ids), p_task_ids, v_events,
-            p_archive_name, p_archive_sha256, p_anchor_root, p_anchor_public_key)
+            p_archive_name, p_archive_sha256, p_anchor_root, p_anchor_public_key,
+            v_dropped)
     RETURNING l.retention_id INTO v_id;
     PERFORM set_config('wal_engine.retention_id', v_id::text, true);
     INSERT INTO wal_archived_tasks (tenant, task_id, agent, status, ending, head_seq,
@@ -2030,12 +2142,33 @@ BEGIN
                            WHERE x.tenant = v_tenant AND x.task_id = t.task_id
                            ORDER BY x.seq DESC LIMIT 1) AS e
      WHERE t.tenant = v_tenant AND t.task_id = ANY (p_task_ids);
+    -- The rows in a partition dropped below are left to the drop (the month's partitions
+    -- of the four tables hold the same tasks: one range of ids).
+    SELECT coalesce(array_agg(DISTINCT x.task_id), '{}') INTO v_kept FROM wal_events x
+     WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids)
+       AND x.tableoid::regclass::text = ANY (v_dropped);
     DELETE FROM wal_signals s WHERE s.tenant = v_tenant AND s.task_id = ANY (p_task_ids);
-    DELETE FROM wal_blobs b WHERE b.tenant = v_tenant AND b.task_id = ANY (p_task_ids);
-    DELETE FROM wal_snapshot_segments g WHERE g.tenant = v_tenant AND g.task_id = ANY (p_task_ids);
-    DELETE FROM wal_snapshots n WHERE n.tenant = v_tenant AND n.task_id = ANY (p_task_ids);
-    DELETE FROM wal_events x WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids);
+    DELETE FROM wal_blobs b WHERE b.tenant = v_tenant AND b.task_id = ANY (p_task_ids)
+       AND b.task_id <> ALL (v_kept);
+    DELETE FROM wal_snapshot_segments g WHERE g.tenant = v_tenant AND g.task_id = ANY (p_task_ids)
+       AND g.task_id <> ALL (v_kept);
+    DELETE FROM wal_snapshots n WHERE n.tenant = v_tenant AND n.task_id = ANY (p_task_ids)
+       AND n.task_id <> ALL (v_kept);
+    DELETE FROM wal_events x WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids)
+       AND x.task_id <> ALL (v_kept);
     DELETE FROM wal_tasks t WHERE t.tenant = v_tenant AND t.task_id = ANY (p_task_ids);
+    -- Last: dropping a partition locks its partitioned table (every append waits until
+    -- this transaction ends), so nothing runs after it but the commit; a lock not had in
+    -- 2 s fails the batch whole (55P03, retried: nothing was removed).
+    IF cardinality(v_dropped) > 0 THEN
+        PERFORM set_config('lock_timeout', '2s', true);
+        FOREACH v_month IN ARRAY v_dropped LOOP
+            FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+                EXECUTE format('DROP TABLE %I',
+                               v_table || '_p' || substr(v_month, length('wal_events_p') + 1));
+            END LOOP;
+        END LOOP;
+    END IF;
     PERFORM set_config('wal_engine.retention_id', '', true);
     RETURN QUERY SELECT v_id, v_events;
 END;
@@ -2068,3 +2201,224 @@ BEGIN
     END LOOP;
 END;
 $more_policies$;
+
+-- ============================================================ partitioning (version 5)
+-- The log's per-task tables (wal_events, wal_snapshots, wal_snapshot_segments, wal_blobs)
+-- are partitioned by RANGE of task_id, one partition per calendar month (UTC), named
+-- <table>_pYYYYMM, plus a DEFAULT partition <table>_default (docs/architecture.md decision
+-- 70, docs/scaling.md "Partitioning"). The ids the engine mints are time-ordered
+-- (wal_engine/ids.py new_task_id: "t-" and a UUIDv7's 32 hex digits, the first 12 the
+-- milliseconds since 1970), so a month's partition holds the tasks created in that month,
+-- all of their rows in the four tables, and every statement naming one task (all of them
+-- filter on tenant and task_id equality) touches one partition of each table. Ids a caller
+-- chooses land where their text sorts: mostly the default partition.
+--   * wal_tasks is not partitioned: one small row per task, and the claim, the sweep and
+--     the listings read it across tasks (partitioned by task they would read every
+--     partition). wal_signals, wal_idempotency and the rest are small or keyed otherwise
+--     (wal_idempotency by key, not by task).
+--   * Partitions are created ahead (this month and the next three) by
+--     wal_ensure_partitions, the owner's only: run when the schema is applied, at every
+--     connect of an owner that migrates, and by `wal-engine retention run`. A month
+--     nobody created in time is not lost: its tasks go to the default partition (and
+--     when it is created later, wal_ensure_partitions moves them into it).
+--   * Each partition has row security enabled with the tables' policy, not forced (the
+--     owner reads a partition whole to decide whether retention may drop it), and no
+--     privilege for anyone but the owner: the runtime roles reach rows through the
+--     partitioned tables only, where the forced policies hold. The row triggers of the
+--     partitioned tables are cloned onto every partition; TRUNCATE, a statement trigger,
+--     is added to each partition of the append-only tables here.
+--   * Retention drops a past month's four partitions whole when every task in them, of
+--     every tenant, is archived (wal_retention_remove, section "retention"), instead of
+--     deleting their rows; the batch's log row names them (partitions_dropped).
+
+CREATE OR REPLACE FUNCTION wal_partitioned_tables() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ARRAY['wal_events', 'wal_snapshots', 'wal_snapshot_segments', 'wal_blobs']
+$$;
+
+-- The first id of a month's range (p_month: a UTC month 'YYYYMM'): 't-' and the 12 hex
+-- digits of the month's first millisecond; the range ends at the next month's.
+CREATE OR REPLACE FUNCTION wal_partition_bound(p_month text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT 't-' || lpad(to_hex((extract(epoch FROM to_timestamp(p_month, 'YYYYMM')::timestamp)
+                                * 1000)::bigint), 12, '0')
+$$;
+
+CREATE OR REPLACE FUNCTION wal_next_month(p_month text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT to_char(to_timestamp(p_month, 'YYYYMM')::timestamp + interval '1 month', 'YYYYMM')
+$$;
+
+-- A partition's privileges and policies: the owner of its partitioned table, no privilege
+-- for anyone else, the tenant policy enabled (not forced), and TRUNCATE refused on the
+-- append-only ones.
+CREATE OR REPLACE FUNCTION wal_secure_partition(p_partition text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_partition regclass := p_partition::regclass;
+    v_parent regclass := (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = v_partition);
+    v_owner oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = v_parent);
+    session_tenant text := $tenant$(SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()))$tenant$;
+    grantee oid;
+BEGIN
+    IF (SELECT c.relowner FROM pg_class c WHERE c.oid = v_partition) <> v_owner THEN
+        EXECUTE format('ALTER TABLE %I OWNER TO %I', p_partition, pg_get_userbyid(v_owner));
+    END IF;
+    FOR grantee IN SELECT DISTINCT a.grantee
+                     FROM pg_class c, aclexplode(c.relacl) AS a
+                    WHERE c.oid = v_partition AND a.grantee <> v_owner LOOP
+        IF grantee = 0 THEN
+            EXECUTE format('REVOKE ALL ON TABLE %I FROM PUBLIC', p_partition);
+        ELSE
+            EXECUTE format('REVOKE ALL ON TABLE %I FROM %I', p_partition,
+                           pg_get_userbyid(grantee));
+        END IF;
+    END LOOP;
+    EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', p_partition);
+    EXECUTE format('ALTER TABLE %I NO FORCE ROW LEVEL SECURITY', p_partition);
+    EXECUTE format('DROP POLICY IF EXISTS wal_tenant_isolation ON %I', p_partition);
+    EXECUTE format('CREATE POLICY wal_tenant_isolation ON %I '
+                   'USING (tenant = %s) WITH CHECK (tenant = %s)',
+                   p_partition, session_tenant, session_tenant);
+    IF v_parent IN ('wal_events'::regclass, 'wal_blobs'::regclass) THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE TRUNCATE ON %I '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION wal_refuse_change()',
+                       p_partition || '_no_truncate', p_partition);
+    END IF;
+END;
+$$;
+
+-- Create the default partitions and the month partitions from p_from's month to
+-- p_months_ahead months after it (UTC), those missing; each created partition with the
+-- rows it took from the default partition (ids that fell in its month before it existed).
+-- The owner's only (nobody is granted EXECUTE; DDL needs the owner's rights anyway).
+CREATE OR REPLACE FUNCTION wal_ensure_partitions(p_months_ahead integer DEFAULT 3,
+                                                 p_from timestamptz DEFAULT now())
+RETURNS TABLE (partition text, rows_moved bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_table text;
+    v_default text;
+    v_month text;
+    v_lo text;
+    v_hi text;
+    v_any boolean;
+    i integer;
+BEGIN
+    IF p_months_ahead IS NULL OR p_months_ahead NOT BETWEEN 0 AND 120 THEN
+        RAISE EXCEPTION 'months ahead must be 0..120' USING ERRCODE = '22023';
+    END IF;
+    FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+        CONTINUE WHEN (SELECT c.relkind FROM pg_class c WHERE c.oid = v_table::regclass) <> 'p';
+        IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c
+                                           WHERE c.oid = v_table::regclass), 'MEMBER') THEN
+            RAISE EXCEPTION 'partitions are created by the owner of the log only'
+                USING ERRCODE = '42501';
+        END IF;
+        v_default := v_table || '_default';
+        IF to_regclass(v_default) IS NULL THEN
+            EXECUTE format('CREATE TABLE %I PARTITION OF %I DEFAULT', v_default, v_table);
+            partition := v_default;
+            rows_moved := 0;
+            RETURN NEXT;
+        END IF;
+        -- Created above, or converted from version 4 (section "partitioning (version 5)" near
+        -- the top: its policy dropped): its privileges and policy. Else nothing (no lock).
+        IF NOT EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = v_default::regclass
+                                                   AND p.polname = 'wal_tenant_isolation') THEN
+            PERFORM wal_secure_partition(v_default);
+        END IF;
+        FOR i IN 0..p_months_ahead LOOP
+            v_month := to_char(date_trunc('month', p_from AT TIME ZONE 'UTC')
+                               + make_interval(months => i), 'YYYYMM');
+            partition := v_table || '_p' || v_month;
+            CONTINUE WHEN to_regclass(partition) IS NOT NULL;
+            v_lo := wal_partition_bound(v_month);
+            v_hi := wal_partition_bound(wal_next_month(v_month));
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %I WHERE task_id >= $1'
+                           ' AND task_id < $2)', v_default) INTO v_any USING v_lo, v_hi;
+            rows_moved := 0;
+            IF v_any THEN
+                -- Rows already there for this month (ids chosen by callers, or a database
+                -- converted from version 4 whose random ids fall in the range): copied
+                -- into the new table, deleted from the default partition (the trigger
+                -- passes a row only with its identical copy there), then attached.
+                EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING ALL)', partition, v_table);
+                EXECUTE format('INSERT INTO %I SELECT * FROM ONLY %I WHERE task_id >= $1'
+                               ' AND task_id < $2', partition, v_default) USING v_lo, v_hi;
+                GET DIAGNOSTICS rows_moved = ROW_COUNT;
+                PERFORM set_config('wal_engine.partition_move', partition, true);
+                EXECUTE format('DELETE FROM ONLY %I WHERE task_id >= $1 AND task_id < $2',
+                               v_default) USING v_lo, v_hi;
+                PERFORM set_config('wal_engine.partition_move', '', true);
+                EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                               v_table, partition, v_lo, v_hi);
+            ELSE
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                               partition, v_table, v_lo, v_hi);
+            END IF;
+            PERFORM wal_secure_partition(partition);
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
+-- Why a month's partitions may not be dropped: the first task in them (as 'tenant/task'),
+-- of any tenant, that is not archived (no tombstone) and not in p_archiving (tasks of the
+-- current tenant being archived by the caller), or a reason ('the current month', 'no
+-- such partition'); NULL when every task in them is archived. Reads the partitions whole,
+-- tenant by tenant (the tombstones are read through their forced policy, so the tenant
+-- setting is moved to each tenant found, then back): the owner's only.
+CREATE OR REPLACE FUNCTION wal_partition_blocker(p_month text, p_archiving text[])
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tenant text := current_setting('wal.tenant', true);
+    v_table text;
+    v_partition text;
+    v_found text;
+    v_other text;
+BEGIN
+    IF p_month IS NULL OR p_month !~ '^[0-9]{6}$' THEN
+        RAISE EXCEPTION 'a month is YYYYMM' USING ERRCODE = '22023';
+    END IF;
+    IF to_timestamp(wal_next_month(p_month), 'YYYYMM')::timestamp
+       > date_trunc('month', now() AT TIME ZONE 'UTC') THEN
+        RETURN 'the current month or a later one';
+    END IF;
+    FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+        v_partition := v_table || '_p' || p_month;
+        IF to_regclass(v_partition) IS NULL
+           OR NOT EXISTS (SELECT 1 FROM pg_inherits i
+                           WHERE i.inhrelid = to_regclass(v_partition)
+                             AND i.inhparent = v_table::regclass) THEN
+            RETURN 'no such partition';
+        END IF;
+        FOR v_other IN EXECUTE format('SELECT DISTINCT tenant FROM ONLY %I', v_partition) LOOP
+            PERFORM set_config('wal.tenant', v_other, true);
+            EXECUTE format('SELECT x.task_id FROM ONLY %I x WHERE x.tenant = $1'
+                           ' AND NOT (x.tenant = $2 AND x.task_id = ANY ($3))'
+                           ' AND NOT EXISTS (SELECT 1 FROM wal_archived_tasks a'
+                           '                  WHERE a.tenant = $1 AND a.task_id = x.task_id)'
+                           ' ORDER BY x.task_id LIMIT 1', v_partition)
+                INTO v_found USING v_other, v_tenant, coalesce(p_archiving, '{}');
+            PERFORM set_config('wal.tenant', coalesce(v_tenant, ''), true);
+            IF v_found IS NOT NULL THEN
+                RETURN v_other || '/' || v_found;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+-- A database of version 4 converted above, and every fresh one: the default partitions,
+-- and this month's and the next three.
+SELECT count(*) FROM wal_ensure_partitions();
+
+INSERT INTO wal_schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
+-- ======================================================== end of partitioning (version 5)

@@ -47,6 +47,11 @@
 --   wal_tenant_roles                  SELECT (row security: its own row only).
 --   wal_archived_tasks                SELECT: the tenant's tombstones of archived tasks.
 --   wal_retention_log                 nothing: written and read by the owner only.
+--   partitions of the log's tables    nothing (decision 70): the runtime reaches rows
+--   (<table>_pYYYYMM, <table>_default) through the partitioned tables only, where the
+--                                     forced policies hold; each partition also has the
+--                                     policy (enabled, not forced). wal_ensure_partitions,
+--                                     wal_partition_blocker: no EXECUTE (the owner's).
 --   wal_retention_remove              no EXECUTE, and not SECURITY DEFINER: retention
 --                                     (`wal-engine retention run`) runs with the owner's
 --                                     rights, the only ones allowed to delete archived
@@ -240,7 +245,10 @@ BEGIN
          WHERE p.pronamespace = schema_oid
            AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change',
                              'wal_wake_token', 'wal_trusted_tenant',
-                             'wal_refuse_archived_id', 'wal_retention_remove')
+                             'wal_refuse_archived_id', 'wal_retention_remove',
+                             'wal_secure_partition', 'wal_ensure_partitions',
+                             'wal_partition_blocker', 'wal_partition_bound',
+                             'wal_next_month', 'wal_partitioned_tables')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);

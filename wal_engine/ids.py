@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
+import time
 from typing import Final, NewType
 
 from wal_engine import limits
@@ -16,6 +17,9 @@ IdempotencyKey = NewType("IdempotencyKey", str)
 _task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
 _dots_only: Final = re.compile(r"\.+")
 """Ids made of dots alone (``.``, ``..``) name directories in paths: refused."""
+
+_time_ordered: Final = re.compile(r"t-[0-9a-f]{12}7[0-9a-f]{19}")
+"""The shape :func:`new_task_id` mints."""
 
 DEFAULT_TENANT: Final = "default"
 """The tenant of an engine connected without one (and of the rows of a schema-1 database)."""
@@ -83,9 +87,32 @@ def validate_text(value: object, what: str, *, bytes_max: int, chars_max: int | 
     return value
 
 
-def new_task_id() -> TaskId:
-    """Mint a fresh random task id."""
-    return TaskId(f"t-{uuid.uuid4().hex}")
+def new_task_id(now_ms: int | None = None) -> TaskId:
+    """Mint a fresh task id, ordered by time: ``t-`` and 32 hex digits laid out as a UUIDv7
+    (the first 12 are the milliseconds since the Unix epoch, ``now_ms`` or the clock; then
+    the version nibble ``7``, 12 random bits, the variant and 62 random bits).
+
+    The log's per-task tables are partitioned by ranges of task ids, one month each
+    (``schema.sql``, section "partitioning"; decision 70): a task minted now lands in
+    this month's partition, which retention can drop whole once every task in it is
+    archived. Ids chosen by callers are accepted as before (they land where their text
+    sorts, usually the default partition).
+    """
+    millis = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    if not 0 <= millis < 1 << 48:
+        raise InvalidInput(f"a task id's clock must be 0..2^48-1 ms, not {millis}")
+    random_bits = int.from_bytes(os.urandom(10), "big")  # 80 bits, 74 of them used
+    value = (millis << 80) | (0x7 << 76) | ((random_bits >> 68) << 64) \
+        | (0b10 << 62) | (random_bits & ((1 << 62) - 1))
+    return TaskId(f"t-{value:032x}")
+
+
+def task_id_clock_ms(task_id: str) -> int | None:
+    """The milliseconds since the Unix epoch a time-ordered id was minted at (its first 12
+    hex digits), or None for an id of another shape."""
+    if _time_ordered.fullmatch(task_id) is None:
+        return None
+    return int(task_id[2:14], 16)
 
 
 def idempotency_key(task_id: str, seq: int) -> IdempotencyKey:

@@ -38,7 +38,7 @@ from wal_engine.store.hosts import connect_any
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The schema version this code reads and writes (``wal_schema_version``)."""
 
 DSN_ENV: Final = "WAL_ENGINE_DSN"
@@ -250,6 +250,9 @@ async def apply_schema(connection: asyncpg.Connection, *, force: bool = False) -
         await connection.execute(queries.MIGRATION_TIMEOUTS)
         await connection.execute(queries.SCHEMA_LOCK)
         if not force and await _schema_current(connection, checksum):
+            # This month's partitions and the next three (decision 70): nothing is locked
+            # unless one is missing.
+            await connection.execute(queries.ENSURE_PARTITIONS)
             return False
         found = await read_schema_version(connection)
         if found is not None and found > SCHEMA_VERSION:

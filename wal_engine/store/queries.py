@@ -46,6 +46,10 @@ LOCK TABLE wal_tasks, wal_events, wal_snapshots, wal_idempotency, wal_signals
     IN SHARE ROW EXCLUSIVE MODE
 """
 
+# The month partitions of the log's per-task tables, created ahead (schema.sql, section
+# "partitioning"; the owner's only).
+ENSURE_PARTITIONS: Final = "SELECT partition, rows_moved FROM wal_ensure_partitions()"
+
 SYNCHRONOUS_COMMIT: Final = "SELECT current_setting('synchronous_commit')"
 
 # A migration is the owner's: not bound by the engine session's timeouts (decision 35).
