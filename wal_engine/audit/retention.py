@@ -39,6 +39,7 @@ from wal_engine import failpoints, limits
 from wal_engine.audit import archive
 from wal_engine.audit.anchor import Anchor, AnchoredHead, leaf_hash, merkle_root, sign_anchor
 from wal_engine.errors import InvalidInput, RetentionRefused
+from wal_engine.ids import task_id_clock_ms
 from wal_engine.store import Database
 from wal_engine.store import queries as store_queries
 from wal_engine.store.store import record_from_row
@@ -110,6 +111,27 @@ SELECT retention_id, events
   FROM wal_retention_remove($1::text[], $2::int8[], $3::bytea[], $4, $5, $6, $7, $8)
 """
 
+# The month partitions a batch dropped whole (decision 70).
+DROPPED: Final = """
+SELECT partitions_dropped FROM wal_retention_log
+ WHERE tenant = current_setting('wal.tenant', true) AND retention_id = $1
+"""
+
+# The log's month partitions (schema.sql, section "partitioning"), oldest first.
+MONTHS: Final = """
+SELECT substr(c.relname, length('wal_events_p') + 1) AS month
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = to_regclass('wal_events') AND c.relname ~ '^wal_events_p[0-9]{6}$'
+ ORDER BY 1
+ LIMIT $1
+"""
+
+# Why a month's partitions could not be dropped if the tasks $2 (of this tenant) were
+# archived: the first other task in them not archived, of any tenant; NULL: droppable.
+BLOCKER: Final = "SELECT wal_partition_blocker($1, $2::text[]) AS blocker"
+
+months_max: Final = 1200
+
 
 class RetentionPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What a run with the same policy would remove now."""
@@ -124,6 +146,12 @@ class RetentionPlan(msgspec.Struct, frozen=True, kw_only=True):
     newest: dt.datetime | None
     truncated: bool
     """The plan stopped at ``tasks_max`` tasks; more may qualify."""
+    partitions: dict[str, str | None] = {}
+    """Each past month's partitions (``wal_events_pYYYYMM``) and why the run could not
+    drop them whole (the first task in them, of any tenant, neither archived nor a task of
+    this plan, as ``tenant/task``), None for those it would drop (decision 70). Batches
+    drop a month when they archive its last tasks; a month whose tasks span several
+    batches has its rows deleted by the others."""
 
 
 class RetentionBatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +163,8 @@ class RetentionBatch(msgspec.Struct, frozen=True, kw_only=True):
     tasks: int
     events: int
     signed: bool
+    partitions_dropped: list[str] = []
+    """The month partitions this batch dropped whole (its last tasks were in it)."""
 
 
 def finished_before(now: dt.datetime, older_than: dt.timedelta | None,
@@ -175,12 +205,17 @@ async def plan_retention(database: Database, *, older_than: dt.timedelta | None 
     tasks = events = size = 0
     oldest: dt.datetime | None = None
     newest: dt.datetime | None = None
+    by_month: dict[str, list[str]] = {}
     after = ""
     while tasks < tasks_max:
         rows = await database.fetch(CANDIDATES, cutoff, endings, after,
                                     min(plan_page_tasks, tasks_max - tasks))
         if not rows:
             break
+        for row in rows:
+            month = _month_of(row["task_id"])
+            if month is not None:
+                by_month.setdefault(month, []).append(row["task_id"])
         sizes = await database.fetchrow(SIZES, [row["task_id"] for row in rows])
         tasks += len(rows)
         events += int(sizes["events"])
@@ -192,9 +227,22 @@ async def plan_retention(database: Database, *, older_than: dt.timedelta | None 
             oldest = stamp if oldest is None or stamp < oldest else oldest
             newest = stamp if newest is None or stamp > newest else newest
         after = rows[-1]["task_id"]
+    partitions = {}
+    for row in await database.fetch(MONTHS, months_max):
+        month = row["month"]
+        found = await database.fetchrow(BLOCKER, month, by_month.get(month, []))
+        partitions[f"wal_events_p{month}"] = found["blocker"]
     return RetentionPlan(finished_before=cutoff, tasks=tasks, by_status=by_status,
                          events=events, bytes=size, oldest=oldest, newest=newest,
-                         truncated=tasks >= tasks_max)
+                         truncated=tasks >= tasks_max, partitions=partitions)
+
+
+def _month_of(task_id: str) -> str | None:
+    """The month partition (YYYYMM, UTC) a time-ordered id falls in, else None."""
+    clock_ms = task_id_clock_ms(task_id)
+    if clock_ms is None:
+        return None
+    return dt.datetime.fromtimestamp(clock_ms / 1000, dt.UTC).strftime("%Y%m")
 
 
 def _status_name(ending: str) -> str:
@@ -217,6 +265,8 @@ async def run_retention(database: Database, archive_dir: str | Path, *,
         raise InvalidInput(f"archive directory {directory} does not exist")
     cutoff, name = await _cutoff(database, older_than, before)
     endings = ending_types(statuses)
+    # Retention runs periodically as the owner: the months ahead are created here too.
+    await database.fetch(store_queries.ENSURE_PARTITIONS)
     done: list[RetentionBatch] = []
     removed = 0
     after = ""
@@ -268,9 +318,11 @@ async def _one_batch(database: Database, directory: Path, database_name: str,
         [bytes.fromhex(h.hash) for h in heads], cutoff, path.name, digest,
         bytes.fromhex(anchor.root),
         None if anchor.signature is None else anchor.signature.public_key)
+    dropped = await database.fetchrow(DROPPED, int(row["retention_id"]))
     return RetentionBatch(retention_id=int(row["retention_id"]), archive=str(path),
                           sha256=digest.hex(), tasks=len(rows), events=int(row["events"]),
-                          signed=anchor.signature is not None)
+                          signed=anchor.signature is not None,
+                          partitions_dropped=list(dropped["partitions_dropped"]))
 
 
 async def _write_archive(database: Database, path: Path, database_name: str,

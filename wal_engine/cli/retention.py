@@ -118,6 +118,10 @@ def plan(older_than: str | None, before: dt.datetime | None, statuses: str, dsn:
     console().print(f"finished before {view['finished_before']}: {result.tasks} task(s) "
                     f"({statuses_text}), {result.events} event(s), {result.bytes} byte(s)"
                     f"{more}", soft_wrap=True)
+    for partition, blocker in result.partitions.items():
+        fate = ("dropped whole" if blocker is None
+                else f"kept (rows deleted task by task): {escape(blocker)} is not archived")
+        console().print(f"partition {partition}: {fate}", soft_wrap=True)
 
 
 async def _plan(dsn: str | None, older_than: dt.timedelta | None, before: dt.datetime | None,
@@ -133,7 +137,8 @@ def plan_json(plan: RetentionPlan) -> dict[str, Any]:
             "tasks": plan.tasks, "by_status": plan.by_status, "events": plan.events,
             "bytes": plan.bytes, "truncated": plan.truncated,
             "oldest": None if plan.oldest is None else plan.oldest.isoformat(),
-            "newest": None if plan.newest is None else plan.newest.isoformat()}
+            "newest": None if plan.newest is None else plan.newest.isoformat(),
+            "partitions": plan.partitions}
 
 
 @retention.command("run")
@@ -168,7 +173,9 @@ def run_command(older_than: str | None, before: dt.datetime | None, statuses: st
             continue
         out.print(f"batch {batch.retention_id}: {batch.tasks} task(s), {batch.events} "
                   f"event(s) archived to {escape(batch.archive)} (sha256 {batch.sha256}, "
-                  f"{'signed' if batch.signed else 'unsigned'}) and removed", soft_wrap=True)
+                  f"{'signed' if batch.signed else 'unsigned'}) and removed"
+                  + (f"; partitions dropped: {', '.join(batch.partitions_dropped)}"
+                     if batch.partitions_dropped else ""), soft_wrap=True)
     if not as_json:
         total = sum(batch.tasks for batch in batches)
         out.print(f"retention: {total} task(s) removed in {len(batches)} batch(es)")
@@ -187,7 +194,7 @@ def batch_json(batch: RetentionBatch) -> dict[str, Any]:
     """One batch as one JSON object."""
     return {"retention_id": batch.retention_id, "archive": batch.archive,
             "sha256": batch.sha256, "tasks": batch.tasks, "events": batch.events,
-            "signed": batch.signed}
+            "signed": batch.signed, "partitions_dropped": batch.partitions_dropped}
 
 
 def check_archive(path: Path, public_key: bytes | None, *, as_json: bool) -> bool:

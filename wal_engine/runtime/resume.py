@@ -77,26 +77,29 @@ snapshots_kept_default: Final = 2
 # snapshot row; rows of seq -1 are the snapshot's segments (field in ``type``, ordinal in
 # ``head_seq``, digest in ``hash``, bytes in ``payload``); the rows of seq 1 and up are the
 # tail's events. Rows, not arrays: asyncpg introspects array types on every new connection,
-# which cost 6 ms per resume (measured). $2 is the snapshot format, $3 the page size.
+# which cost 6 ms per resume (measured). $2 is the snapshot format, $3 the page size. Every
+# table is filtered on the task by $1 itself (not through the head's row): the planner
+# prunes the partitioned tables to the task's partition only for a parameter (decision 70).
 RESUME_HEAD: Final = """
 WITH head AS (
     SELECT t.task_id, t.status, last.seq AS head_seq, last.hash AS head_hash
       FROM wal_tasks t
      CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
-                         WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                         WHERE e.tenant = current_setting('wal.tenant', true)
+                           AND e.task_id = $1
                          ORDER BY e.seq DESC LIMIT 1) AS last
      WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 ), snapshot AS (
     SELECT s.seq, s.state, s.segments FROM wal_snapshots s, head
      WHERE s.tenant = current_setting('wal.tenant', true)
-       AND s.task_id = head.task_id AND s.seq <= head.head_seq AND s.state_format = $2
+       AND s.task_id = $1 AND s.seq <= head.head_seq AND s.state_format = $2
      ORDER BY s.seq DESC
      LIMIT 1
 )
 SELECT 0::int8 AS seq, head.status AS type, 0::int2 AS version, snapshot.state AS payload,
        head.head_hash AS hash, head.head_seq, snapshot.seq AS snapshot_seq,
        (SELECT e.hash FROM wal_events e
-         WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = head.task_id
+         WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = $1
            AND e.seq = snapshot.seq) AS snapshot_hash
   FROM head LEFT JOIN snapshot ON true
 UNION ALL
@@ -108,7 +111,7 @@ UNION ALL
 (SELECT e.seq, e.type, e.version, e.payload, e.hash, NULL, NULL, NULL
    FROM wal_events e, head
   WHERE e.tenant = current_setting('wal.tenant', true)
-     AND e.task_id = head.task_id AND e.seq <= head.head_seq
+     AND e.task_id = $1 AND e.seq <= head.head_seq
     AND e.seq > coalesce((SELECT seq FROM snapshot), 0)
   ORDER BY e.seq
   LIMIT $3)

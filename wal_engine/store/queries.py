@@ -251,6 +251,8 @@ SELECT status, retention_id FROM wal_archived_tasks
  WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1
 """
 
+# The log's side names the task by $1, not by the row's column: the planner prunes the
+# partitioned log to the task's partition only for a parameter (decision 70).
 READ_HEAD: Final = """
 SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_hash,
        t.lease_owner, t.lease_epoch, t.lease_expires_at, t.wake_at, t.waiting_signal,
@@ -258,7 +260,7 @@ SELECT t.task_id, t.agent, t.status, last.seq AS head_seq, last.hash AS head_has
        t.started_at, t.updated_at, t.agent_version
   FROM wal_tasks t
   CROSS JOIN LATERAL (SELECT e.seq, e.hash FROM wal_events e
-                      WHERE e.tenant = t.tenant AND e.task_id = t.task_id
+                      WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = $1
                       ORDER BY e.seq DESC LIMIT 1) AS last
  WHERE t.tenant = current_setting('wal.tenant', true) AND t.task_id = $1
 """
