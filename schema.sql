@@ -1,6 +1,9 @@
--- wal-engine schema, version 3. Idempotent: applying it twice changes nothing. Version 2
+-- wal-engine schema, version 5. Idempotent: applying it twice changes nothing. Version 2
 -- added tenants (a database of version 1 is migrated in place, see "Tenancy" below);
--- version 3 large values (wal_blobs; a database of version 2 is migrated in place).
+-- version 3 large values (wal_blobs; a database of version 2 is migrated in place);
+-- version 4 queues, schedules, limiters, child tasks and retention; version 5 partitions
+-- the log's per-task tables by month of task id (section "partitioning", at the end; a
+-- database of version 4 is converted in place).
 --
 -- Map of the database side
 -- ------------------------
@@ -42,6 +45,10 @@
 --                     "retention", at the end). Append-only.
 -- wal_archived_tasks  the tombstone of each archived task: its id, ending, head and every
 --                     idempotency key; a task id found here is never created again.
+-- Partitions          wal_events, wal_snapshots, wal_snapshot_segments and wal_blobs are
+--                     partitioned by RANGE of task_id: <table>_pYYYYMM per month of the
+--                     time-ordered ids the engine mints, and <table>_default (section
+--                     "partitioning", at the end; decision 70).
 --
 -- Tenancy
 -- -------
@@ -76,6 +83,8 @@
 -- wal_add_llm_spend(cost)    add a recorded LLM call's cost to the tenant's spend.
 -- wal_trusted_tenant()       the tenant an unmapped session may name by the setting: only
 --                            a superuser's, an owner member's or a BYPASSRLS role's.
+-- wal_ensure_partitions(...) create the month partitions ahead (the owner's only).
+-- wal_partition_blocker(...) why a month's partitions may not be dropped (NULL: they may).
 -- wal_save_snapshot(...)     write a snapshot and prune the older ones (one statement).
 -- wal_delete_snapshots(task) drop a task's snapshots (derived data).
 -- wal_release_key(...)       delete a released idempotency claim. These three run with the
