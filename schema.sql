@@ -2113,14 +2113,14 @@ BEGIN
     -- tasks, of any tenant (decision 70): dropped whole at the end instead of deleting
     -- their rows. Locked here (only those partitions: archived months), rechecked under
     -- the lock.
-    SELECT coalesce(array_agg(m.month ORDER BY m.month), '{}') INTO v_months
-      FROM (SELECT DISTINCT substr(x.tableoid::regclass::text, length('wal_events_p') + 1)
-                            AS month
-              FROM wal_events x
-             WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids)
-               AND x.tableoid::regclass::text ~ '^wal_events_p[0-9]{6}$') AS m
-     WHERE wal_partition_blocker(m.month, p_task_ids) IS NULL;
+    SELECT coalesce(array_agg(DISTINCT substr(x.tableoid::regclass::text,
+                                              length('wal_events_p') + 1)), '{}')
+      INTO v_months
+      FROM wal_events x
+     WHERE x.tenant = v_tenant AND x.task_id = ANY (p_task_ids)
+       AND x.tableoid::regclass::text ~ '^wal_events_p[0-9]{6}$';
     FOREACH v_month IN ARRAY v_months LOOP
+        CONTINUE WHEN wal_partition_blocker(v_month, p_task_ids) IS NOT NULL;
         FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_table || '_p' || v_month);
         END LOOP;
