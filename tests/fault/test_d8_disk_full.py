@@ -73,6 +73,15 @@ async def _fill(admin: asyncpg.Connection, tablespace: str) -> int:
     return written
 
 
+async def _move_log(admin: asyncpg.Connection, tablespace: str) -> None:
+    """Move the log's table and key index to ``tablespace``: each of its partitions (the
+    partitioned table itself only names the tablespace of partitions made later)."""
+    for kind, root in (("TABLE", "wal_events"), ("INDEX", "wal_events_pkey")):
+        for row in await admin.fetch("SELECT relid::regclass::text AS name"
+                                     " FROM pg_partition_tree($1::regclass)", root):
+            await admin.execute(f"ALTER {kind} {row['name']} SET TABLESPACE {tablespace}")
+
+
 @pytest.mark.timeout(240)
 async def test_d8_data_disk_full(pg_server: TestServer, database_dsn: str) -> None:
     """30 tasks run while the log's disk is full, then the space comes back."""
@@ -88,8 +97,7 @@ async def test_d8_data_disk_full(pg_server: TestServer, database_dsn: str) -> No
         owner = pg_server.data_dir.stat()
         os.chown(location, owner.st_uid, owner.st_gid)
         await admin.execute(f"CREATE TABLESPACE {tablespace} LOCATION '{location}'")
-        await admin.execute(f"ALTER TABLE wal_events SET TABLESPACE {tablespace}")
-        await admin.execute(f"ALTER INDEX wal_events_pkey SET TABLESPACE {tablespace}")
+        await _move_log(admin, tablespace)
         moved = True
         engine, ledger_db = await _engine_with_own_ledger(database_dsn)
         errors = ErrorCounter(engine.database)
@@ -115,8 +123,7 @@ async def test_d8_data_disk_full(pg_server: TestServer, database_dsn: str) -> No
     finally:
         await admin.execute("DROP TABLE IF EXISTS d8_filler")
         if moved:
-            await admin.execute("ALTER TABLE wal_events SET TABLESPACE pg_default")
-            await admin.execute("ALTER INDEX wal_events_pkey SET TABLESPACE pg_default")
+            await _move_log(admin, "pg_default")
         await admin.execute(f"DROP TABLESPACE IF EXISTS {tablespace}")
         await admin.close()
         _unmount(disk)
