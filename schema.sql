@@ -2245,17 +2245,24 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ARRAY['wal_events', 'wal_snapshots', 'wal_snapshot_segments', 'wal_blobs']
 $$;
 
--- The first id of a month's range (p_month: a UTC month 'YYYYMM'): 't-' and the 12 hex
--- digits of the month's first millisecond; the range ends at the next month's.
+-- The first instant of a UTC month 'YYYYMM' (a timestamp without time zone read as UTC:
+-- no session time zone enters).
+CREATE OR REPLACE FUNCTION wal_month_start(p_month text) RETURNS timestamp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT make_timestamp(left(p_month, 4)::integer, right(p_month, 2)::integer, 1, 0, 0, 0)
+$$;
+
+-- The first id of a month's range: 't-' and the 12 hex digits of the month's first
+-- millisecond; the range ends at the next month's.
 CREATE OR REPLACE FUNCTION wal_partition_bound(p_month text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT 't-' || lpad(to_hex((extract(epoch FROM to_timestamp(p_month, 'YYYYMM')::timestamp)
-                                * 1000)::bigint), 12, '0')
+    SELECT 't-' || lpad(to_hex((extract(epoch FROM wal_month_start(p_month)) * 1000)::bigint),
+                        12, '0')
 $$;
 
 CREATE OR REPLACE FUNCTION wal_next_month(p_month text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT to_char(to_timestamp(p_month, 'YYYYMM')::timestamp + interval '1 month', 'YYYYMM')
+    SELECT to_char(wal_month_start(p_month) + interval '1 month', 'YYYYMM')
 $$;
 
 -- A partition's privileges and policies: the owner of its partitioned table, no privilege
@@ -2350,6 +2357,9 @@ BEGIN
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %I WHERE task_id >= $1'
                            ' AND task_id < $2)', v_default) INTO v_any USING v_lo, v_hi;
             rows_moved := 0;
+            -- Another owner's session creating the same month at the same moment: its table
+            -- is the one (this call waited for it, then found the name taken).
+            BEGIN
             IF v_any THEN
                 -- Rows already there for this month (ids chosen by callers, or a database
                 -- converted from version 4 whose random ids fall in the range): copied
@@ -2369,6 +2379,9 @@ BEGIN
                 EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
                                partition, v_table, v_lo, v_hi);
             END IF;
+            EXCEPTION WHEN duplicate_table THEN
+                CONTINUE;
+            END;
             PERFORM wal_secure_partition(partition);
             RETURN NEXT;
         END LOOP;
@@ -2395,8 +2408,8 @@ BEGIN
     IF p_month IS NULL OR p_month !~ '^[0-9]{6}$' THEN
         RAISE EXCEPTION 'a month is YYYYMM' USING ERRCODE = '22023';
     END IF;
-    IF to_timestamp(wal_next_month(p_month), 'YYYYMM')::timestamp
-       > date_trunc('month', now() AT TIME ZONE 'UTC') THEN
+    IF wal_month_start(wal_next_month(p_month)) > date_trunc('month', now() AT TIME ZONE 'UTC')
+    THEN
         RETURN 'the current month or a later one';
     END IF;
     FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP

@@ -248,7 +248,8 @@ BEGIN
                              'wal_refuse_archived_id', 'wal_retention_remove',
                              'wal_secure_partition', 'wal_ensure_partitions',
                              'wal_partition_blocker', 'wal_partition_bound',
-                             'wal_next_month', 'wal_partitioned_tables')
+                             'wal_next_month', 'wal_partitioned_tables',
+                             'wal_month_start')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
