@@ -204,8 +204,9 @@ async def test_partitions_are_private_secured_and_append_only(
         tenant_roles: TenantRoles, database_dsn: str, store: Store) -> None:
     """Every partition has the tenant policy and no privilege for anyone but the owner: a
     tenant's role reading or writing a partition by its own name is refused (it reads its
-    rows through the partitioned table, and only its own); UPDATE, DELETE and TRUNCATE
-    through a partition's own name are refused even to a superuser (WE002)."""
+    rows through the partitioned table, and only its own), and granted one by mistake it
+    still sees no other tenant's row (even naming that tenant); UPDATE, DELETE and
+    TRUNCATE through a partition's own name are refused even to a superuser (WE002)."""
     await tenant_roles.create("tenant-a")
     await tenant_roles.create("tenant-b")
     task_b = new_task_id()
@@ -260,6 +261,17 @@ async def test_partitions_are_private_secured_and_append_only(
                     await admin.execute(statement)
                 assert refused.value.sqlstate == "WE002", (statement, refused.value)
         assert await admin.fetchval(f"SELECT count(*) FROM {partition}") == 2
+        # Were a partition granted by mistake, its own policy still shows a tenant nothing
+        # of another's rows.
+        role = (await tenant_roles.create("tenant-a")).role
+        await admin.execute(f'GRANT SELECT ON {partition} TO "{role}"')
+        a_again = await asyncpg.connect(await tenant_roles.dsn("tenant-a"),
+                                        server_settings={"wal.tenant": "tenant-b"})
+        try:
+            assert await a_again.fetchval(f"SELECT count(*) FROM {partition}") == 0
+        finally:
+            await a_again.close()
+            await admin.execute(f'REVOKE SELECT ON {partition} FROM "{role}"')
     finally:
         await admin.close()
 
