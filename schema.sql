@@ -2121,6 +2121,9 @@ BEGIN
        AND x.tableoid::regclass::text ~ '^wal_events_p[0-9]{6}$';
     FOREACH v_month IN ARRAY v_months LOOP
         CONTINUE WHEN wal_partition_blocker(v_month, p_task_ids) IS NOT NULL;
+        -- No wait longer than 2 s for a lock from here on (55P03: the batch fails whole,
+        -- nothing removed, and is retried).
+        PERFORM set_config('lock_timeout', '2s', true);
         FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_table || '_p' || v_month);
         END LOOP;
@@ -2170,7 +2173,6 @@ BEGIN
     -- this transaction ends), so nothing runs after it but the commit; a lock not had in
     -- 2 s fails the batch whole (55P03, retried: nothing was removed).
     IF cardinality(v_dropped) > 0 THEN
-        PERFORM set_config('lock_timeout', '2s', true);
         FOREACH v_month IN ARRAY v_dropped LOOP
             FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
                 EXECUTE format('DROP TABLE %I',
