@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.partitioning [--tasks N] [--events M]`` starts an embedded
 PostgreSQL (or borrows ``--admin-dsn``), creates two databases holding the same history:
-``part_flat`` with the log's per-task tables unpartitioned (schema version 4's layout, the
+``part_flat`` (``--database-prefix``) with the log's per-task tables unpartitioned (schema version 4's layout, the
 version row moved to 5 so that today's code runs on it) and ``part_month`` with schema 5
 (range partitions of task ids, one month each). Both are filled by COPY with the same
 tasks (time-ordered ids, created over the last ``--months`` months, valid chains) and a
@@ -305,7 +305,8 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     fills: dict[str, Any] = {}
     dsns: dict[str, str] = {}
     for label, partitioned in (("flat", False), ("month", True)):
-        dsns[label] = await create(admin_dsn, f"part_{label}", partitioned, months)
+        dsns[label] = await create(admin_dsn, f"{args.database_prefix}_{label}", partitioned,
+                                   months)
         fills[label] = await fill(dsns[label], args.tasks, args.events, now, span_s, ids)
         print(f"  {label}: {fills[label]}", flush=True)
     machine = await harness.describe_machine(dsns["flat"])
@@ -338,6 +339,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=30, help="statement blocks of 100")
     parser.add_argument("--admin-dsn", default=None)
+    parser.add_argument("--database-prefix", default="part",
+                        help="the databases are <prefix>_flat and <prefix>_month")
     parser.add_argument("--json", dest="json_path", default=None)
     return parser.parse_args(argv)
 
