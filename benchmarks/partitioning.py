@@ -2,9 +2,10 @@
 
 ``python -m benchmarks.partitioning [--tasks N] [--events M]`` starts an embedded
 PostgreSQL (or borrows ``--admin-dsn``), creates two databases holding the same history:
-``part_flat`` (``--database-prefix``) with the log's per-task tables unpartitioned (schema version 4's layout, the
-version row moved to 5 so that today's code runs on it) and ``part_month`` with schema 5
-(range partitions of task ids, one month each). Both are filled by COPY with the same
+``part_flat`` (the prefix is ``--database-prefix``) with the log's per-task tables
+unpartitioned (schema version 4's layout, the version row moved to 5 so that today's code
+runs on it) and ``part_month`` with schema 5 (range partitions of task ids, one month
+each). Both are filled by COPY with the same
 tasks (time-ordered ids, created over the last ``--months`` months, valid chains) and a
 1,000-step task created 90 days ago, then measured interleaved round by round:
 
