@@ -18,9 +18,6 @@ _task_id_pattern: Final = re.compile(r"[A-Za-z0-9_.:-]+")
 _dots_only: Final = re.compile(r"\.+")
 """Ids made of dots alone (``.``, ``..``) name directories in paths: refused."""
 
-_time_ordered: Final = re.compile(r"t-[0-9a-f]{12}7[0-9a-f]{19}")
-"""The shape :func:`new_task_id` mints."""
-
 DEFAULT_TENANT: Final = "default"
 """The tenant of an engine connected without one (and of the rows of a schema-1 database)."""
 
@@ -105,14 +102,6 @@ def new_task_id(now_ms: int | None = None) -> TaskId:
     value = (millis << 80) | (0x7 << 76) | ((random_bits >> 68) << 64) \
         | (0b10 << 62) | (random_bits & ((1 << 62) - 1))
     return TaskId(f"t-{value:032x}")
-
-
-def task_id_clock_ms(task_id: str) -> int | None:
-    """The milliseconds since the Unix epoch a time-ordered id was minted at (its first 12
-    hex digits), or None for an id of another shape."""
-    if _time_ordered.fullmatch(task_id) is None:
-        return None
-    return int(task_id[2:14], 16)
 
 
 def idempotency_key(task_id: str, seq: int) -> IdempotencyKey:

@@ -39,7 +39,6 @@ from wal_engine import failpoints, limits
 from wal_engine.audit import archive
 from wal_engine.audit.anchor import Anchor, AnchoredHead, leaf_hash, merkle_root, sign_anchor
 from wal_engine.errors import InvalidInput, RetentionRefused
-from wal_engine.ids import task_id_clock_ms
 from wal_engine.store import Database
 from wal_engine.store import queries as store_queries
 from wal_engine.store.store import record_from_row
@@ -124,6 +123,14 @@ SELECT substr(c.relname, length('wal_events_p') + 1) AS month
  WHERE i.inhparent = to_regclass('wal_events') AND c.relname ~ '^wal_events_p[0-9]{6}$'
  ORDER BY 1
  LIMIT $1
+"""
+
+# The month partition each of the tasks $1 (of this tenant) is in, if any.
+TASK_MONTHS: Final = """
+SELECT DISTINCT e.task_id, substr(e.tableoid::regclass::text, length('wal_events_p') + 1) AS month
+  FROM wal_events e
+ WHERE e.tenant = current_setting('wal.tenant', true) AND e.task_id = ANY ($1::text[])
+   AND e.tableoid::regclass::text ~ '^wal_events_p[0-9]{6}$'
 """
 
 # Why a month's partitions could not be dropped if the tasks $2 (of this tenant) were
@@ -212,10 +219,8 @@ async def plan_retention(database: Database, *, older_than: dt.timedelta | None 
                                     min(plan_page_tasks, tasks_max - tasks))
         if not rows:
             break
-        for row in rows:
-            month = _month_of(row["task_id"])
-            if month is not None:
-                by_month.setdefault(month, []).append(row["task_id"])
+        for found in await database.fetch(TASK_MONTHS, [row["task_id"] for row in rows]):
+            by_month.setdefault(found["month"], []).append(found["task_id"])
         sizes = await database.fetchrow(SIZES, [row["task_id"] for row in rows])
         tasks += len(rows)
         events += int(sizes["events"])
@@ -236,13 +241,6 @@ async def plan_retention(database: Database, *, older_than: dt.timedelta | None 
                          events=events, bytes=size, oldest=oldest, newest=newest,
                          truncated=tasks >= tasks_max, partitions=partitions)
 
-
-def _month_of(task_id: str) -> str | None:
-    """The month partition (YYYYMM, UTC) a time-ordered id falls in, else None."""
-    clock_ms = task_id_clock_ms(task_id)
-    if clock_ms is None:
-        return None
-    return dt.datetime.fromtimestamp(clock_ms / 1000, dt.UTC).strftime("%Y%m")
 
 
 def _status_name(ending: str) -> str:

@@ -119,8 +119,12 @@ def plan(older_than: str | None, before: dt.datetime | None, statuses: str, dsn:
                     f"({statuses_text}), {result.events} event(s), {result.bytes} byte(s)"
                     f"{more}", soft_wrap=True)
     for partition, blocker in result.partitions.items():
-        fate = ("dropped whole" if blocker is None
-                else f"kept (rows deleted task by task): {escape(blocker)} is not archived")
+        if blocker is None:
+            fate = "dropped whole"
+        elif "/" in blocker:
+            fate = f"kept (rows deleted task by task): task {escape(blocker)} is not archived"
+        else:
+            fate = f"kept: {escape(blocker)}"
         console().print(f"partition {partition}: {fate}", soft_wrap=True)
 
 
