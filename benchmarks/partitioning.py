@@ -19,7 +19,9 @@ tasks (time-ordered ids, created over the last ``--months`` months, valid chains
   per-statement cost of the partitions (plan-cache locks on every partition, pruning);
 * ``retention_month``: what removing the oldest month's tasks costs each layout: deleting
   their rows from every per-task table (triggers off, in a transaction rolled back) against
-  dropping that month's four partitions (likewise rolled back), with the rows and bytes.
+  dropping that month's four partitions (likewise rolled back), with the rows and bytes;
+* ``observe_by_partitions``: OBSERVE_ONE alone on empty databases, unpartitioned and with
+  5 and 29 partitions per table (``--months-back``): what grows with their number.
 
 Each measure's p50 and p99 on both layouts and their ratio (month/flat) are printed and
 written to ``benchmarks/results/partitioning_<tasks>.json`` with the machine header and the
@@ -262,6 +264,63 @@ async def retention_month(dsns: dict[str, str], month: dt.datetime) -> dict[str,
     return out
 
 
+async def partition_counts(admin_dsn: str, prefix: str, months_back: list[int],
+                           blocks: int) -> dict[str, Any]:
+    """OBSERVE_ONE alone (blocks of 100, interleaved) on a fresh task of an empty database
+    of each layout: unpartitioned, and partitioned with the default partitions and this
+    month and the three after it plus ``months_back`` past months: whether the append's
+    cost grows with the number of partitions."""
+    now = dt.datetime.now(dt.UTC)
+    sides: dict[str, tuple[asyncpg.Connection, list[Any]]] = {}
+    try:
+        for back in [-1, *months_back]:
+            months = _month_starts(now, back + 1) if back >= 0 else []
+            label = "flat" if back < 0 else f"partitions_{len(months) + 4}"
+            dsn = await create(admin_dsn, f"{prefix}_{label}", back >= 0, months)
+            engine = await connect(dsn, migrate=False, development=True)
+            try:
+                (claimed,) = await harness.create_claimed_tasks(
+                    engine.store, [new_task_id()], worker="partitioning")
+            finally:
+                await engine.close()
+            connection = await asyncpg.connect(dsn, server_settings={"wal.tenant": scale.TENANT})
+            sides[label] = (connection, [claimed.task_id, claimed.epoch, claimed.seq,
+                                         claimed.hash])
+        payload = b'{"content":"' + b"x" * 400 + b'"}'
+        medians: dict[str, list[float]] = {label: [] for label in sides}
+        for block in range(blocks):
+            order = list(sides.items())
+            shift = block % len(order)
+            for label, (connection, head) in order[shift:] + order[:shift]:
+                prepared = await connection.prepare(queries.OBSERVE_ONE)
+                samples = []
+                for _ in range(100):
+                    digest = os.urandom(32)
+                    start = time.perf_counter_ns()
+                    rows = await prepared.fetch(head[0], head[1], head[2], head[3],
+                                                "message_appended", 1, payload, None, digest,
+                                                dt.datetime.now(dt.UTC))
+                    samples.append(time.perf_counter_ns() - start)
+                    assert rows, label
+                    head[2], head[3] = head[2] + 1, digest
+                if block >= len(order):  # The first round of blocks warms the plans.
+                    medians[label].append(statistics.median(samples) / 1000)
+    finally:
+        for connection, _ in sides.values():
+            await connection.close()
+    flat = statistics.median(medians["flat"])
+    out: dict[str, Any] = {}
+    for label, values in medians.items():
+        out[label] = {"p50_us": round(statistics.median(values), 1),
+                      "block_p50_min_us": round(min(values), 1),
+                      "block_p50_max_us": round(max(values), 1),
+                      "vs_flat": round(statistics.median(values) / flat, 3)}
+        print(f"  observe_one {label}: p50 {out[label]['p50_us']} µs (blocks "
+              f"{out[label]['block_p50_min_us']}-{out[label]['block_p50_max_us']}),"
+              f" {out[label]['vs_flat']:.2f}x flat", flush=True)
+    return out
+
+
 def _stats(samples: list[int]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"n": len(ordered), "p50_us": round(statistics.median(ordered) / 1000, 1),
@@ -326,6 +385,11 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             await engine.close()
     results.update(await statements(dsns, ids[0], args.blocks))
     results["retention_month"] = await retention_month(dsns, months[0])
+    if args.months_back:
+        print(f"observe_one by number of partitions ({args.blocks} blocks of 100), load"
+              f" average {os.getloadavg()}:", flush=True)
+        results["observe_by_partitions"] = await partition_counts(
+            admin_dsn, f"{args.database_prefix}_count", args.months_back, args.blocks)
     return {"benchmark": "partitioning", "machine": machine, "settings": vars(args),
             "load_average_after": os.getloadavg(), "fill": fills, "latencies": results}
 
@@ -340,6 +404,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=30, help="statement blocks of 100")
     parser.add_argument("--admin-dsn", default=None)
+    parser.add_argument("--months-back", type=lambda text: [int(x) for x in text.split(",")],
+                        default=[0, 24], help="past months of the partition-count study"
+                        " (comma-separated; empty databases), '' to skip it")
     parser.add_argument("--database-prefix", default="part",
                         help="the databases are <prefix>_flat and <prefix>_month")
     parser.add_argument("--json", dest="json_path", default=None)

@@ -17,20 +17,22 @@ RUN_TIMEOUT_S = 120.0
 
 async def test_partitioning_benchmark_tiny_run(pg_server: TestServer, tmp_path: Path) -> None:
     """Both layouts are filled alike (the same rows), every measure runs on both (`verify`
-    asserts the filled old task's chain), and removing the oldest month removes the same
-    rows in both: by DELETE in one, by dropping its partitions in the other."""
+    asserts the filled old task's chain), removing the oldest month removes the same rows
+    in both (by DELETE in one, by dropping its partitions in the other), and the append
+    is timed by number of partitions."""
     results = tmp_path / "partitioning.json"
     prefix = f"part_ci_{os.getpid()}"
     try:
         output = await run_module(
             "benchmarks.partitioning", "--admin-dsn", pg_server.admin_dsn,
             "--database-prefix", prefix, "--tasks", "1500", "--events", "15000",
-            "--rounds", "1", "--ops", "6", "--blocks", "3", "--json", str(results),
+            "--rounds", "1", "--ops", "6", "--blocks", "4", "--months-back", "0",
+            "--json", str(results),
             timeout_s=RUN_TIMEOUT_S)
     finally:
         admin = await asyncpg.connect(pg_server.admin_dsn)
         try:
-            for label in ("flat", "month"):
+            for label in ("flat", "month", "count_flat", "count_partitions_5"):
                 await admin.execute(f'DROP DATABASE IF EXISTS "{prefix}_{label}" WITH (FORCE)')
         finally:
             await admin.close()
@@ -42,3 +44,4 @@ async def test_partitioning_benchmark_tiny_run(pg_server: TestServer, tmp_path: 
         assert latencies[name]["flat"]["n"] > 0 and latencies[name]["month"]["n"] > 0, name
     month = latencies["retention_month"]
     assert month["flat"]["events"] == month["month"]["events"] > 0, month
+    assert set(latencies["observe_by_partitions"]) == {"flat", "partitions_5"}
