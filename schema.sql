@@ -2362,12 +2362,16 @@ BEGIN
             -- Another owner's session creating the same month at the same moment: its table
             -- is the one (this call waited for it, then found the name taken).
             BEGIN
+            -- Made apart, then attached: ATTACH locks the partitioned table SHARE UPDATE
+            -- EXCLUSIVE, which appends to the other partitions do not wait for (CREATE TABLE
+            -- ... PARTITION OF takes it ACCESS EXCLUSIVE). Either way the default partition
+            -- is locked and scanned (none of its rows may belong to the new month).
+            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING ALL)', partition, v_table);
             IF v_any THEN
                 -- Rows already there for this month (ids chosen by callers, or a database
                 -- converted from version 4 whose random ids fall in the range): copied
                 -- into the new table, deleted from the default partition (the trigger
-                -- passes a row only with its identical copy there), then attached.
-                EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING ALL)', partition, v_table);
+                -- passes a row only with its identical copy there).
                 EXECUTE format('INSERT INTO %I SELECT * FROM ONLY %I WHERE task_id >= $1'
                                ' AND task_id < $2', partition, v_default) USING v_lo, v_hi;
                 GET DIAGNOSTICS rows_moved = ROW_COUNT;
@@ -2375,12 +2379,9 @@ BEGIN
                 EXECUTE format('DELETE FROM ONLY %I WHERE task_id >= $1 AND task_id < $2',
                                v_default) USING v_lo, v_hi;
                 PERFORM set_config('wal_engine.partition_move', '', true);
-                EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                               v_table, partition, v_lo, v_hi);
-            ELSE
-                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
-                               partition, v_table, v_lo, v_hi);
             END IF;
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           v_table, partition, v_lo, v_hi);
             EXCEPTION WHEN duplicate_table THEN
                 CONTINUE;
             END;
