@@ -85,6 +85,7 @@
 --                            a superuser's, an owner member's or a BYPASSRLS role's.
 -- wal_ensure_partitions(...) create the month partitions ahead (the owner's only).
 -- wal_partition_blocker(...) why a month's partitions may not be dropped (NULL: they may).
+-- wal_drop_empty_partitions() drop the past months that hold no row (the owner's only).
 -- wal_save_snapshot(...)     write a snapshot and prune the older ones (one statement).
 -- wal_delete_snapshots(task) drop a task's snapshots (derived data).
 -- wal_release_key(...)       delete a released idempotency claim. These three run with the
@@ -2438,6 +2439,59 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN NULL;
+END;
+$$;
+
+-- Drop the past months whose four partitions hold no row at all (a month with no task,
+-- or whose tasks all left task by task): nothing of the log goes with them, so no log row;
+-- their names. Each is locked (at most 2 s, else left for the next call) and found empty
+-- again under the lock. The owner's only, like wal_ensure_partitions.
+CREATE OR REPLACE FUNCTION wal_drop_empty_partitions() RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_month text;
+    v_table text;
+    v_empty boolean;
+    v_all boolean;
+BEGIN
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c
+                                       WHERE c.oid = 'wal_events'::regclass), 'MEMBER') THEN
+        RAISE EXCEPTION 'partitions are dropped by the owner of the log only'
+            USING ERRCODE = '42501';
+    END IF;
+    FOR v_month IN SELECT substr(c.relname, length('wal_events_p') + 1)
+                     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                    WHERE i.inhparent = 'wal_events'::regclass
+                      AND c.relname ~ '^wal_events_p[0-9]{6}$'
+                    ORDER BY 1 LOOP
+        CONTINUE WHEN wal_month_start(wal_next_month(v_month))
+                      > date_trunc('month', now() AT TIME ZONE 'UTC');
+        BEGIN
+            PERFORM set_config('lock_timeout', '2s', true);
+            v_all := true;
+            FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+                IF to_regclass(v_table || '_p' || v_month) IS NULL THEN
+                    v_all := false;
+                    EXIT;
+                END IF;
+                EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_table || '_p' || v_month);
+                EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM ONLY %I)',
+                               v_table || '_p' || v_month) INTO v_empty;
+                IF NOT v_empty THEN
+                    v_all := false;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF v_all THEN
+                FOREACH v_table IN ARRAY wal_partitioned_tables() LOOP
+                    EXECUTE format('DROP TABLE %I', v_table || '_p' || v_month);
+                END LOOP;
+                RETURN NEXT 'wal_events_p' || v_month;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            CONTINUE;  -- In use: the next call sees it again.
+        END;
+    END LOOP;
 END;
 $$;
 

@@ -51,7 +51,8 @@
 --   (<table>_pYYYYMM, <table>_default) through the partitioned tables only, where the
 --                                     forced policies hold; each partition also has the
 --                                     policy (enabled, not forced). wal_ensure_partitions,
---                                     wal_partition_blocker: no EXECUTE (the owner's).
+--                                     wal_partition_blocker, wal_drop_empty_partitions: no
+--                                     EXECUTE (the owner's).
 --   wal_retention_remove              no EXECUTE, and not SECURITY DEFINER: retention
 --                                     (`wal-engine retention run`) runs with the owner's
 --                                     rights, the only ones allowed to delete archived
@@ -249,7 +250,7 @@ BEGIN
                              'wal_secure_partition', 'wal_ensure_partitions',
                              'wal_partition_blocker', 'wal_partition_bound',
                              'wal_next_month', 'wal_partitioned_tables',
-                             'wal_month_start')
+                             'wal_month_start', 'wal_drop_empty_partitions')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);

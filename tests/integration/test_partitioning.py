@@ -373,9 +373,10 @@ async def test_retention_drops_a_month_whose_tasks_are_all_archived(
     archives its tasks and drops the month's four partitions instead of deleting rows, and
     the log row names them; a month holding one live task is refused the drop (plan names
     the task), its finished tasks' rows are deleted task by task and the live task is
-    untouched."""
+    untouched; a past month without any row is dropped too (it holds nothing to archive)."""
     whole = await _past_month(database_dsn, 3)
     blocked = await _past_month(database_dsn, 4)
+    idle = await _past_month(database_dsn, 5)  # A month without a task: dropped as empty.
     done = [_id_in(whole + dt.timedelta(hours=hour)) for hour in range(3)]
     finished = [_id_in(blocked + dt.timedelta(hours=hour)) for hour in range(2)]
     live = _id_in(blocked + dt.timedelta(hours=5))
@@ -408,6 +409,8 @@ async def test_retention_drops_a_month_whose_tasks_are_all_archived(
         for table in PARTITIONED:
             assert await admin.fetchval("SELECT to_regclass($1)",
                                         f"{table}_p{_month(whole)}") is None, table
+            assert await admin.fetchval("SELECT to_regclass($1)",
+                                        f"{table}_p{_month(idle)}") is None, table
             assert await admin.fetchval("SELECT to_regclass($1)",
                                         f"{table}_p{_month(blocked)}") is not None, table
         logged = await admin.fetchrow(

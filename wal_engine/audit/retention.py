@@ -39,9 +39,12 @@ from wal_engine import failpoints, limits
 from wal_engine.audit import archive
 from wal_engine.audit.anchor import Anchor, AnchoredHead, leaf_hash, merkle_root, sign_anchor
 from wal_engine.errors import InvalidInput, RetentionRefused
+from wal_engine.observability.logs import get_logger
 from wal_engine.store import Database
 from wal_engine.store import queries as store_queries
 from wal_engine.store.store import record_from_row
+
+log = get_logger(__name__)
 
 ENDINGS: Final = {"COMPLETED": "task_completed", "FAILED": "task_failed",
                   "CANCELLED": "task_cancelled"}
@@ -136,6 +139,9 @@ SELECT DISTINCT e.task_id, substr(e.tableoid::regclass::text, length('wal_events
 # Why a month's partitions could not be dropped if the tasks $2 (of this tenant) were
 # archived: the first other task in them not archived, of any tenant; NULL: droppable.
 BLOCKER: Final = "SELECT wal_partition_blocker($1, $2::text[]) AS blocker"
+
+# Past months whose partitions hold no row: dropped (decision 70).
+DROP_EMPTY: Final = "SELECT name FROM wal_drop_empty_partitions() AS name"
 
 months_max: Final = 1200
 
@@ -276,6 +282,11 @@ async def run_retention(database: Database, archive_dir: str | Path, *,
         done.append(await _one_batch(database, directory, name, cutoff, rows, signing_key))
         removed += len(rows)
         after = rows[-1]["task_id"]
+    # Past months left with no row at all (no task, or all gone task by task): dropped too,
+    # so that the number of partitions, which every statement pays for, stays bounded.
+    empty = [row["name"] for row in await database.fetch(DROP_EMPTY)]
+    if empty:
+        log.info("empty_partitions_dropped", partitions=empty)
     return done
 
 
