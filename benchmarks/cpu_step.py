@@ -1,17 +1,24 @@
-"""Client CPU per tool step: process time over sequential steps, wal-engine and raw asyncpg.
+"""Client CPU per tool step: process time over sequential steps, wal-engine and the suite's
+raw two-INSERT reference, in the same process run.
 
 Wall-clock latency on a shared machine moves with every commit's fsync; the CPU the client
 process spends per step does not wait on the server, so it shows what the engine's own code
-costs. Both contenders run in this process, interleaved, on the same database:
+costs. This is issue 23's measure: both contenders run the suite's own step
+(:mod:`benchmarks.peers_workload`: ~500 B of arguments, a ~1 KB result, different at
+every step), interleaved round by round on the same database, in this process:
 
-* wal-engine: one task of ``--steps`` ``ctx.tool`` calls (a ~400 B result each) run by one
-  worker (``concurrency=1``) through the public API; process time includes the worker's
-  lease-keeper thread, as a deployment's would.
-* raw asyncpg (the reference): the suite's step, two one-row ``INSERT`` commits per step, on
-  one connection.
+* wal-engine: one task of ``--steps`` steps of the suite's agent step
+  (:func:`benchmarks.peers_wal.tool_step`: ``ctx.tool("work", ...)`` with
+  ``{"message": message(i)}``, the result ``{"result": result(i)}``, a step boundary every
+  100 steps), run by one worker (``concurrency=1``) through the public API; process time
+  includes the worker's lease-keeper thread, as a deployment's would.
+* raw asyncpg (the reference): the suite's raw step (:class:`benchmarks.peers_raw.RawTask`:
+  the two rows' payloads encoded as the engine's two events, then two one-row ``INSERT``
+  commits), a connection taken from a pool for each step as the suite does.
 
-It uses only the public API of ``wal_engine``, so :mod:`benchmarks.compare` runs it against
-older revisions too (``PYTHONPATH`` naming their checkout).
+The figure of each round is process time per step in µs; the ratio is taken round by round
+against that round's own reference. ``benchmarks.scale``'s ``cpu_step`` section calls
+:func:`measure`.
 """
 
 from __future__ import annotations
@@ -22,16 +29,18 @@ import time
 import uuid
 from typing import Any, Final
 
-import asyncpg
 import orjson
 
+from benchmarks.peers_raw import RawTask, open_pool
+from benchmarks.peers_wal import tool_step
+
 NAME: Final = "cpu_step"
-RAW_TABLE: Final = "bench_cpu_raw_steps"
-PADDING: Final = "x" * 400
+AGENT: Final = "bench_cpu_steps"
+WARM_UP_STEPS: Final = 200
 
 
 async def _engine_cpu_us(engine: Any, steps: int) -> float:
-    task_id = await engine.submit("bench_cpu_steps", {"n": steps})
+    task_id = await engine.submit(AGENT, {"n": steps})
     worker = engine.worker(concurrency=1)
     started = time.process_time()
     await worker.run(until_idle=True)
@@ -42,16 +51,23 @@ async def _engine_cpu_us(engine: Any, steps: int) -> float:
     return spent / steps * 1e6
 
 
-async def _raw_cpu_us(connection: asyncpg.Connection, steps: int) -> float:
-    task_id = uuid.uuid4().hex
-    intent = orjson.dumps({"tool": "t", "args": {"i": 0}, "pad": PADDING})
-    done = orjson.dumps({"result": {"ok": 0, "pad": PADDING}})
-    insert = f"INSERT INTO {RAW_TABLE} (task_id, seq, payload) VALUES ($1, $2, $3)"
+async def _raw_cpu_us(pool: Any, steps: int) -> float:
+    task = RawTask(f"raw-cpu-{uuid.uuid4().hex[:12]}")
     started = time.process_time()
-    for step in range(steps):
-        await connection.execute(insert, task_id, 2 * step + 1, intent)
-        await connection.execute(insert, task_id, 2 * step + 2, done)
+    for _ in range(steps):
+        async with pool.acquire() as connection:
+            await task.run_step(connection)
     return (time.process_time() - started) / steps * 1e6
+
+
+def register(engine: Any) -> None:
+    """The benchmark's agent on ``engine``: ``task_input["n"]`` steps of the suite's step."""
+
+    @engine.agent(AGENT)
+    async def agent(ctx: Any, task_input: Any) -> Any:
+        for step in range(task_input["n"]):
+            await tool_step(ctx, step)
+        return "done"
 
 
 async def measure(steps: int, rounds: int, dsn: str | None = None) -> dict[str, Any]:
@@ -60,29 +76,17 @@ async def measure(steps: int, rounds: int, dsn: str | None = None) -> dict[str, 
     import wal_engine
 
     engine = await wal_engine.connect(dsn, development=True)
-
-    async def tool(args: Any) -> Any:
-        return {"ok": args["i"], "pad": PADDING}
-
-    @engine.agent("bench_cpu_steps")
-    async def agent(ctx: Any, task_input: Any) -> Any:
-        for i in range(task_input["n"]):
-            await ctx.tool("t", tool, {"i": i})
-        return "done"
-
-    connection = await asyncpg.connect(engine.database.dsn)
+    register(engine)
+    pool = await open_pool(engine.database.dsn, 1)
     try:
-        await connection.execute(f"CREATE TABLE IF NOT EXISTS {RAW_TABLE} (task_id text, "
-                                 "seq bigint, payload bytea, PRIMARY KEY (task_id, seq))")
-        await _engine_cpu_us(engine, 50)  # Warm-up: imports, prepared statements.
-        await _raw_cpu_us(connection, 50)
+        await _engine_cpu_us(engine, WARM_UP_STEPS)  # Imports, prepared statements.
+        await _raw_cpu_us(pool, WARM_UP_STEPS)
         wal, raw = [], []
         for _ in range(rounds):
             wal.append(await _engine_cpu_us(engine, steps))
-            raw.append(await _raw_cpu_us(connection, steps))
-        await connection.execute(f"DROP TABLE {RAW_TABLE}")
+            raw.append(await _raw_cpu_us(pool, steps))
     finally:
-        await connection.close()
+        await pool.close()
         await engine.close()
     return {"steps": steps, "rounds": rounds, "wal_cpu_us": wal, "raw_cpu_us": raw,
             "wal_cpu_us_median": statistics.median(wal),
@@ -96,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_step",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000, help="steps per round (2000)")
+    parser.add_argument("--steps", type=int, default=10_000, help="steps per round (10,000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: WAL_ENGINE_DSN, else embedded)")
@@ -107,12 +111,14 @@ def main() -> None:
         return
     print(f"client CPU per tool step over {args.steps:,} sequential steps, "
           f"{args.rounds} interleaved rounds (median, min-max):")
-    for label, key in (("raw asyncpg: 2 INSERT commits (ref)", "raw_cpu_us"),
+    for label, key in (("raw asyncpg: the suite's 2 INSERT commits (ref)", "raw_cpu_us"),
                        ("wal-engine tool step", "wal_cpu_us")):
         values = figures[key]
         print(f"  {label}: {statistics.median(values):,.0f} µs "
               f"({min(values):,.0f}-{max(values):,.0f})")
-    print(f"  ratio (each round's own reference): {figures['ratio_median']:.2f}x")
+    ratios = [w / r for w, r in zip(figures["wal_cpu_us"], figures["raw_cpu_us"], strict=True)]
+    print(f"  ratio (each round's own reference): {figures['ratio_median']:.2f}x "
+          f"({min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
