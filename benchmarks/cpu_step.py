@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import orjson
 
+import wal_engine
 from benchmarks.peers_raw import RawTask, open_pool
 from benchmarks.peers_wal import tool_step
 
@@ -60,7 +61,7 @@ async def _raw_cpu_us(pool: Any, steps: int) -> float:
     return (time.process_time() - started) / steps * 1e6
 
 
-def register(engine: Any) -> None:
+def register(engine: wal_engine.Engine) -> None:
     """The benchmark's agent on ``engine``: ``task_input["n"]`` steps of the suite's step."""
 
     @engine.agent(AGENT)
@@ -73,8 +74,6 @@ def register(engine: Any) -> None:
 async def measure(steps: int, rounds: int, dsn: str | None = None) -> dict[str, Any]:
     """``rounds`` interleaved rounds of ``steps`` steps of each contender, on ``dsn`` (else
     ``WAL_ENGINE_DSN``, else the embedded server)."""
-    import wal_engine
-
     engine = await wal_engine.connect(dsn, development=True)
     register(engine)
     pool = await open_pool(engine.database.dsn, 1)
