@@ -255,7 +255,8 @@ class CallDriver:
         trip = await spec.budget_trip(run, in_loop=in_loop)
         if trip is not None:
             await run.fail_budget(trip)
-        await self._take_grant(call_id, attempt, call_key(call_id, attempt))
+        if spec.limit is not None:
+            await self._take_grant(call_id, attempt, call_key(call_id, attempt))
         await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
 
     async def _take_grant(self, call_id: str, attempt: int, grant_key: str) -> None:
@@ -317,7 +318,8 @@ class CallDriver:
                 failure: Exception = error
                 verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
             else:
-                await self._ensure_lease(call_id, attempt)
+                if not run.lease_trusted():
+                    await self._stop_untrusted(call_id, attempt)
                 found, value = await self._attempt(call_id, key, attempt, argument)
                 if found:
                     return value
@@ -365,12 +367,11 @@ class CallDriver:
             failpoints.hit("after_result_commit")
         return True, recorded
 
-    async def _ensure_lease(self, call_id: str, attempt: int) -> None:
-        """Start no effect on a lease this worker can no longer trust: record the attempt as
-        not started (the next owner retries it instead of escalating it) and stop."""
+    async def _stop_untrusted(self, call_id: str, attempt: int) -> None:
+        """Start no effect on a lease this worker can no longer trust (checked before every
+        attempt): record the attempt as not started (the next owner retries it instead of
+        escalating it) and stop."""
         run = self.run
-        if run.lease_trusted():
-            return
         run.log.warning("effect_not_started", call_id=call_id, reason="lease_untrusted")
         await run.append([self.spec.failed(
             call_id, attempt, LeaseExpired.__name__,
