@@ -22,9 +22,7 @@ effect. Sync functions run on the worker's thread pool, where ``timeout_s`` appl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import msgspec
@@ -76,6 +74,7 @@ from wal_engine.runtime.steps import (
     wait_signal,
 )
 from wal_engine.security.redaction import (
+    has_secret_refs,
     resolve_secret_refs,
     scrub_values,
     secrets_in,
@@ -256,7 +255,8 @@ class CallDriver:
         trip = await spec.budget_trip(run, in_loop=in_loop)
         if trip is not None:
             await run.fail_budget(trip)
-        await self._take_grant(call_id, attempt, call_key(call_id, attempt))
+        if spec.limit is not None:
+            await self._take_grant(call_id, attempt, call_key(call_id, attempt))
         await run.append([spec.intent(call_id, key, attempt)], redacted=spec.intent_redacted)
 
     async def _take_grant(self, call_id: str, attempt: int, grant_key: str) -> None:
@@ -308,13 +308,18 @@ class CallDriver:
                 # from the outcome too: a callee may echo them. A failure here happens
                 # before the call: it did not act.
                 self.secrets_used = secrets_in(run.redactor, spec.args)
-                argument, resolved = await resolve_secret_refs(spec.args, run.services.secrets)
-                self.secrets_used += resolved
+                if has_secret_refs(spec.args):
+                    argument, resolved = await resolve_secret_refs(spec.args,
+                                                                   run.services.secrets)
+                    self.secrets_used += resolved
+                else:
+                    argument = spec.args
             except Exception as error:
                 failure: Exception = error
                 verdict = classify_failure(error, spec.retry, attempt, repeat_safe=True)
             else:
-                await self._ensure_lease(call_id, attempt)
+                if not run.lease_trusted():
+                    await self._stop_untrusted(call_id, attempt)
                 found, value = await self._attempt(call_id, key, attempt, argument)
                 if found:
                     return value
@@ -362,12 +367,11 @@ class CallDriver:
             failpoints.hit("after_result_commit")
         return True, recorded
 
-    async def _ensure_lease(self, call_id: str, attempt: int) -> None:
-        """Start no effect on a lease this worker can no longer trust: record the attempt as
-        not started (the next owner retries it instead of escalating it) and stop."""
+    async def _stop_untrusted(self, call_id: str, attempt: int) -> None:
+        """Start no effect on a lease this worker can no longer trust (checked before every
+        attempt): record the attempt as not started (the next owner retries it instead of
+        escalating it) and stop."""
         run = self.run
-        if run.lease_trusted():
-            return
         run.log.warning("effect_not_started", call_id=call_id, reason="lease_untrusted")
         await run.append([self.spec.failed(
             call_id, attempt, LeaseExpired.__name__,
@@ -503,35 +507,12 @@ class CallDriver:
         through: the task is left to lease expiry, as in a crash)."""
         return self.run.stop_forced
 
-    @contextlib.contextmanager
-    def _thread_watch(self, call_id: str,
-                      timeout_s: float | None = None) -> Iterator[ThreadWaiting]:
-        """A ``waiting`` callback for a wait on a sync call's thread: it logs the wait
-        (``drain_waiting_on_thread`` while the worker stops, ``call_overran`` again while a
-        timed-out call's thread runs on) and counts the call in the
-        ``wal_engine_sync_calls_overrunning`` gauge until the wait ends."""
-        log_ = self.run.log
-        counted: list[str] = []
-
-        def waiting(waited_s: float, stopped: bool) -> None:
-            if not counted:
-                counted.append("stopping" if stopped else "timed_out")
-                metrics.sync_call_overrunning(counted[0])
-            if stopped:
-                log_.warning("drain_waiting_on_thread", call_id=call_id,
-                             waited_s=round(waited_s, 3),
-                             reason="a sync call's thread still runs: the task is handed "
-                                    "back once it has ended")
-            elif waited_s > 0:
-                log_.warning("call_overran", call_id=call_id, timeout_s=timeout_s,
-                             waited_s=round(waited_s, 3),
-                             reason="the timed-out call's thread still runs")
-
-        try:
-            yield waiting
-        finally:
-            if counted:
-                metrics.sync_call_overrun_ended()
+    def _thread_watch(self, call_id: str, timeout_s: float | None = None) -> _ThreadWatch:
+        """A ``waiting`` callback for a wait on a sync call's thread, as a context manager:
+        it logs the wait (``drain_waiting_on_thread`` while the worker stops,
+        ``call_overran`` again while a timed-out call's thread runs on) and counts the call
+        in the ``wal_engine_sync_calls_overrunning`` gauge until the wait ends."""
+        return _ThreadWatch(self.run.log, call_id, timeout_s)
 
     async def _record_stopped(self, call_id: str, key: str, attempt: int,
                               stop: StoppedAfterCall) -> None:
@@ -747,3 +728,36 @@ def _as_response(raw: Any) -> LlmResponse:
             cost_usd=float(raw.get("cost_usd", 0.0)),
         )
     return LlmResponse(content=raw)
+
+
+class _ThreadWatch:
+    """:meth:`CallDriver._thread_watch`: a plain class rather than a generator-based
+    context manager, because every attempt enters one (most never wait on a thread)."""
+
+    __slots__ = ("call_id", "counted", "log", "timeout_s")
+
+    def __init__(self, log_: Any, call_id: str, timeout_s: float | None) -> None:
+        self.log, self.call_id, self.timeout_s = log_, call_id, timeout_s
+        self.counted: str | None = None
+
+    def __enter__(self) -> ThreadWaiting:
+        return self.waiting
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.counted is not None:
+            metrics.sync_call_overrun_ended()
+
+    def waiting(self, waited_s: float, stopped: bool) -> None:
+        """Told the seconds waited on the thread so far and whether the run was stopped."""
+        if self.counted is None:
+            self.counted = "stopping" if stopped else "timed_out"
+            metrics.sync_call_overrunning(self.counted)
+        if stopped:
+            self.log.warning("drain_waiting_on_thread", call_id=self.call_id,
+                             waited_s=round(waited_s, 3),
+                             reason="a sync call's thread still runs: the task is handed "
+                                    "back once it has ended")
+        elif waited_s > 0:
+            self.log.warning("call_overran", call_id=self.call_id, timeout_s=self.timeout_s,
+                             waited_s=round(waited_s, 3),
+                             reason="the timed-out call's thread still runs")

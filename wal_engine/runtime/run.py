@@ -496,8 +496,7 @@ class TaskRun:
         for event in events:
             self.builder.apply(event)
         self._state_cache = None
-        leaving = any(type(e).TARGET_STATUS not in (None, *LEASED) for e in events)
-        self.leaving_lease = leaving
+        self.leaving_lease = any(type(e).TARGET_STATUS not in _STAYING for e in events)
         try:
             result = await self.services.committer.append(PendingAppend(
                 task_id=self.task_id, epoch=self.epoch, expected_seq=self.head_seq,
@@ -571,14 +570,17 @@ class TaskRun:
         string; on a large value (over ``limits.blob_threshold_bytes``: a 5 MiB base64
         image took seconds) that runs in the worker's thread pool, off the event loop that
         renews the leases of the worker's other tasks (decision 61)."""
-        if (self.redactor is not no_redaction and type(event) in _LARGE_VALUE_EVENTS
-                and user_bytes(event, self.payload_bytes_max) > limits.blob_threshold_bytes):
-            return await asyncio.get_running_loop().run_in_executor(
-                self.executor, functools.partial(
-                    redact_event, event, self.redactor, bytes_max=self.payload_bytes_max,
-                    names=self.redact_name))
-        return redact_event(event, self.redactor, bytes_max=self.payload_bytes_max,
-                            names=self.redact_name)
+        bytes_max: int | None = self.payload_bytes_max
+        if self.redactor is not no_redaction and type(event) in _LARGE_VALUE_EVENTS:
+            if user_bytes(event, bytes_max) > limits.blob_threshold_bytes:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self.executor, functools.partial(
+                        redact_event, event, self.redactor, bytes_max=bytes_max,
+                        names=self.redact_name))
+            # user_bytes has just checked these fields against the bound (redact_event's
+            # own check, the same walk): not walked twice.
+            bytes_max = None
+        return redact_event(event, self.redactor, bytes_max=bytes_max, names=self.redact_name)
 
     def _with_step_started(self, events: Sequence[ev.Event]) -> Sequence[ev.Event]:
         """Open the next step first when the task rests CHECKPOINTED and an observation
@@ -742,6 +744,9 @@ _LARGE_VALUE_EVENTS: Final = frozenset({
     ev.SignalReceived})
 """Events whose user value may be large (results, responses, messages, outputs): their size
 is counted before redaction, to redact a large one off the loop."""
+
+_STAYING: Final = frozenset({None, *LEASED})
+"""Target statuses of events after which the run still holds its lease (None: no move)."""
 
 _OUTCOMES: Final = (ev.ToolCallCompleted, ev.ToolCallFailed, ev.LlmCallCompleted,
                     ev.LlmCallFailed)

@@ -16,6 +16,7 @@ import functools
 import inspect
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -128,12 +129,16 @@ async def take_signal(run: Run, name: str) -> tuple[bool, Any]:
 
 def _is_async(function: Callable[[Any], Any]) -> bool:
     """Whether calling ``function`` returns a coroutine without running anything first."""
+    if type(function) is types.FunctionType and function.__code__.co_flags & _CO_COROUTINE:
+        return True  # An ``async def`` (every call of most agents): no inspect walk.
     target = function.func if isinstance(function, functools.partial) else function
     # An object whose __call__ is async (a class-based tool) is async too. B004 is about
     # testing callability, which is not what this asks.
     call = getattr(target, "__call__", None)  # noqa: B004
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
 
+
+_CO_COROUTINE: Final = inspect.CO_COROUTINE
 
 ThreadWaiting = Callable[[float, bool], None]
 """Told, while a run waits for a sync call's thread to end, the seconds waited so far and

@@ -689,6 +689,8 @@ def scrub_values(value: Any, secrets: Iterable[str], depth: int = 0) -> Any:
     Used on a call's result and error text, for the secrets resolved for that call: a
     tool that echoes its credentials back does not get them into the log.
     """
+    if not secrets:
+        return value  # The call resolved no secret (nearly every call): nothing to look for.
     needles = sorted({s for s in secrets if len(s) >= known_secret_length_min},
                      key=len, reverse=True)
     if not needles:

@@ -455,6 +455,17 @@ class Database:
         commit after the pooled connection broke); ``connection`` runs it on the caller's
         connection, inside the caller's transaction.
         """
+        if connection is not None:
+            # A statement on the caller's connection is never retried (inside a transaction
+            # it is rolled back whole with it), so it runs without the retry loop's set-up:
+            # this is the path of every lone append (the group committer's connection).
+            try:
+                return list(await connection.fetch(query, *args))
+            except Exception as error:
+                failure = self._failure(error, task_id, sent=True, attempts=1)
+                if failure is error:
+                    raise
+                raise failure from error
         attempts = 1
 
         def count(error: BaseException, attempt: int, delay_s: float) -> None:
@@ -466,24 +477,34 @@ class Database:
         try:
             return await retrying(
                 STATEMENT_RETRY,
-                lambda: self._fetch_once(query, args, task_id, fresh, connection),
+                lambda: self._fetch_once(query, args, task_id, fresh),
                 # Rolled back whole: outside a caller's transaction it may simply run again.
-                retry_if=sqlstate.is_transient if connection is None else _never,
-                key=task_id or "", on_retry=count)
+                retry_if=sqlstate.is_transient, key=task_id or "", on_retry=count)
         except asyncpg.PostgresError as error:
-            if not sqlstate.is_transient(error):
-                raise sqlstate.typed(error, task_id) from error
-            # Rolled back whole on every attempt (or inside the caller's transaction).
-            raise DatabaseUnavailable(
-                self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempts}): "
-                                   f"{error}") from error
+            raise self._unavailable(error, task_id, attempts) from error
+
+    def _failure(self, error: Exception, task_id: str | None, *, sent: bool,
+                 attempts: int) -> Exception:
+        """What a failed statement that is not retried raises: the typed error, or a
+        transient SQLSTATE as :class:`DatabaseUnavailable` (``error`` itself when it is not
+        the driver's)."""
+        translated = self.translate(error, task_id, sent=sent)
+        if translated is error and isinstance(error, asyncpg.PostgresError):
+            return self._unavailable(error, task_id, attempts)
+        return translated
+
+    def _unavailable(self, error: asyncpg.PostgresError, task_id: str | None,
+                     attempts: int) -> Exception:
+        if not sqlstate.is_transient(error):
+            return sqlstate.typed(error, task_id)
+        # Rolled back whole on every attempt (or inside the caller's transaction).
+        return DatabaseUnavailable(
+            self.dsn_redacted, f"SQLSTATE {error.sqlstate} (attempt {attempts}): {error}")
 
     async def _fetch_once(self, query: str, args: tuple[Any, ...], task_id: str | None,
-                          fresh: bool, connection: asyncpg.Connection | None) -> list[Any]:
-        sent = connection is not None
+                          fresh: bool) -> list[Any]:
+        sent = False
         try:
-            if connection is not None:
-                return list(await connection.fetch(query, *args))
             if fresh:
                 own = await connect_once(self.dsn, self.session_settings("wal-engine:resolve"),
                                          pooler=self.pooler)
@@ -568,10 +589,6 @@ def _open_failure(dsn: str, error: BaseException) -> BaseException:
     if translated is not error:
         return translated
     return DatabaseUnavailable(redact_dsn(dsn), f"{type(error).__name__}: {error}")
-
-
-def _never(_error: BaseException) -> bool:
-    return False
 
 
 async def _tenant_of_role(connection: asyncpg.Connection, report: RoleReport,

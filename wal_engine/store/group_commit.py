@@ -145,7 +145,7 @@ class GroupCommitter:
             return await self.store.append_events(
                 append.task_id, append.events, epoch=append.epoch,
                 expected_seq=append.expected_seq, prev_hash=append.prev_hash,
-                encoded=append.encoded, via=connection,
+                encoded=append.encoded, via=connection, recorded_at=append.recorded_at,
             )
         except (*CONNECTION_ERRORS, DatabaseUnavailable, AmbiguousCommit):
             await self._drop_connection()

@@ -381,6 +381,7 @@ class Store:
         connection: asyncpg.Connection | None = None,
         encoded: Sequence[tuple[str, int, bytes]] | None = None,
         via: asyncpg.Connection | None = None,
+        recorded_at: dt.datetime | None = None,
     ) -> AppendResult:
         """Append a batch of one task's events in one statement and one commit.
 
@@ -392,6 +393,7 @@ class Store:
         append joins the caller's transaction (exactly-once effects on this database); its
         commit outcome is then the caller's to resolve. ``via`` sends it on a connection the
         caller holds (not in a transaction), with the usual resolution of an unknown outcome.
+        ``recorded_at`` is the time stamped on the events (default: now).
         """
         check_history_bound(task_id, expected_seq, events, self.events_per_task_max)
         hashes: Sequence[bytes]
@@ -401,12 +403,13 @@ class Store:
             statement, args, hashes = _observation(
                 task_id, events[0], None if encoded is None else encoded[0], epoch=epoch,
                 expected_seq=expected_seq, prev_hash=prev_hash,
-                payload_bytes_max=self.payload_bytes_max)
+                payload_bytes_max=self.payload_bytes_max, recorded_at=recorded_at)
             new_status = None
         else:
             batch = encode_batch(
                 task_id, events, epoch=epoch, expected_seq=expected_seq, prev_hash=prev_hash,
                 payload_bytes_max=self.payload_bytes_max, encoded=encoded,
+                recorded_at=recorded_at,
             )
             if status is not None and batch.path:
                 check_path(status, (Status(name) for name in batch.path), task_id)
@@ -796,13 +799,13 @@ def _accepted(task_id: str, expected_seq: int, count: int, head_hash: bytes,
 
 def _observation(task_id: str, event: vocabulary.Event,
                  encoded: tuple[str, int, bytes] | None, *, epoch: int, expected_seq: int,
-                 prev_hash: bytes, payload_bytes_max: int
+                 prev_hash: bytes, payload_bytes_max: int, recorded_at: dt.datetime | None = None
                  ) -> tuple[str, tuple[Any, ...], tuple[bytes]]:
     """The statement, arguments and hash of one observation (no status move)."""
     kind, version, payload = encoded if encoded is not None else vocabulary.encode_event(
         event, payload_bytes_max=payload_bytes_max)
     payload, chunks = row_payload(payload)
-    key, recorded_at = getattr(event, "idempotency_key", None), now()
+    key, recorded_at = getattr(event, "idempotency_key", None), recorded_at or now()
     digest = event_hash_v2(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
                            recorded_at, key, payload)
     args = (task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
