@@ -398,7 +398,10 @@ def _line(figure: dict[str, Any]) -> str:
 def register(engine: Engine) -> None:
     """The agents the worker processes run: a timer sleeper and a stepping loop."""
 
-    def tool(args: Any) -> Any:
+    async def tool(args: Any) -> Any:
+        # A coroutine, as in the suite: a plain def runs on the worker's thread pool, a hop
+        # of its own per call (measured by benchmarks.sync_tools) that grew the pool to
+        # hundreds of threads here; this measures the log's cost per step.
         return {"result": PAYLOAD_PAD}
 
     @engine.agent(TIMER_AGENT)
@@ -451,6 +454,15 @@ class Workers:
         for process in self.processes:
             fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
             out.append((int(fields[11]) + int(fields[12])) / ticks)
+        return out
+
+    def sched_s(self) -> list[tuple[float, float]]:
+        """Per process, its main (event-loop) thread's time on a CPU and time waiting for
+        one (runnable but not running), in seconds (``/proc/<pid>/schedstat``)."""
+        out = []
+        for process in self.processes:
+            on_cpu, waiting, _slices = Path(f"/proc/{process.pid}/schedstat").read_text().split()
+            out.append((int(on_cpu) / 1e9, int(waiting) / 1e9))
         return out
 
     def rss_mib(self) -> list[float]:
@@ -535,23 +547,35 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
             "target_met": completed_s < 10.0}
 
 
+CEILING_INSERT: Final = (
+    f"INSERT INTO scale_ceiling ({', '.join(EVENT_COLUMNS)})"
+    f" VALUES ({', '.join(f'${i}' for i in range(1, len(EVENT_COLUMNS) + 1))})")
+
+
 async def ceiling(side: Side, seconds: float) -> float:
-    """Rows/s of ``executemany`` of 1,000 rows per transaction into a bare table."""
+    """Rows/s of ``executemany`` of 1,000 rows per transaction into a table of the log's
+    shape (``LIKE wal_events``: its columns, defaults and primary key; no triggers), the
+    rows the workers' tool steps append (the same intent and result payloads, 32-byte
+    hashes), so that the ceiling is the physical limit for these rows, not for smaller
+    ones in a narrower table."""
     connection = await asyncpg.connect(side.dsn)
     try:
         await connection.execute(
-            "CREATE TABLE IF NOT EXISTS scale_ceiling (task_id text, seq bigint,"
-            " payload bytea, PRIMARY KEY (task_id, seq))")
-        payload = ("x" * 400).encode()
+            "CREATE TABLE IF NOT EXISTS scale_ceiling"
+            " (LIKE wal_events INCLUDING DEFAULTS INCLUDING INDEXES)")
+        intent, completed = _step_payloads(0)
+        stamp = dt.datetime.now(dt.UTC)
         rows = 0
         started = time.monotonic()
         batch = 0
         while time.monotonic() - started < seconds:
-            records = [(f"c{batch}", i, payload) for i in range(CEILING_ROWS)]
+            records = [
+                (TENANT, f"c{batch}-{i // 2}", i % 2 + 1, kind, version, 1, payload,
+                 f"c{batch}:{i}" if i % 2 == 0 else None, bytes(32), bytes(32), stamp, 2)
+                for i, (kind, version, payload) in
+                ((i, intent if i % 2 == 0 else completed) for i in range(CEILING_ROWS))]
             async with connection.transaction():
-                await connection.executemany(
-                    "INSERT INTO scale_ceiling (task_id, seq, payload) VALUES ($1, $2, $3)",
-                    records)
+                await connection.executemany(CEILING_INSERT, records)
             rows += CEILING_ROWS
             batch += 1
         elapsed = time.monotonic() - started
@@ -584,8 +608,10 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
                 " AND e.task_id = t.task_id ORDER BY seq DESC LIMIT 1) AS last", TENANT, ids))
 
         first, cpu0, started = await events(), workers.cpu_s(), time.monotonic()
+        sched0 = workers.sched_s()
         await asyncio.sleep(window_s)
         last, cpu1, elapsed = await events(), workers.cpu_s(), time.monotonic() - started
+        sched1 = workers.sched_s()
         rss = workers.rss_mib()
     finally:
         workers.stop()
@@ -598,7 +624,13 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
             "steps_per_s": round(steps / elapsed), "appends_per_s": round(2 * steps / elapsed),
             "rss_mib": rss, "cpu_s": [round(c, 2) for c in cpu],
             "cpu_us_per_step": round(sum(cpu) / max(1.0, steps) * 1e6),
-            "cpu_utilisation": round(sum(cpu) / elapsed, 2)}
+            "cpu_utilisation": round(sum(cpu) / elapsed, 2),
+            # The event-loop thread of each process: share of the window on a CPU, and
+            # waiting for one (runnable; on 2 shared cores, the machine's load).
+            "loop_on_cpu": [round((b[0] - a[0]) / elapsed, 2) for a, b in zip(sched0, sched1,
+                                                                              strict=True)],
+            "loop_waiting_for_cpu": [round((b[1] - a[1]) / elapsed, 2)
+                                     for a, b in zip(sched0, sched1, strict=True)]}
 
 
 # ----------------------------------------------------------------------------- main
