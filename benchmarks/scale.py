@@ -22,8 +22,11 @@ databases in the same run, interleaved round by round:
   time from that moment until none is WAITING and until all completed their next step;
 * ``workers``: ``--running`` tasks stepping in 1, 2 and 4 worker processes (their sum
   holding all of them), with the timers' tasks still WAITING in the database: steps/s,
-  RSS and CPU per step of each process, and the batched-insert ceiling of the same run
-  (``executemany`` of 1,000 rows per transaction);
+  RSS and CPU per step of each process, its event-loop thread's share of the window on a
+  CPU and waiting for one, and the batched-insert ceiling of the same run (``executemany``
+  of 1,000 rows per transaction into a table of the log's shape, rows of the workers'
+  size); ``--gc-young N`` measures each process count again with the garbage collector's
+  first threshold at N (docs/architecture.md, decision 72);
 * ``cpu_step``: client CPU per tool step, wal-engine vs the raw two-INSERT reference
   (:mod:`benchmarks.cpu_step`).
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import shutil
@@ -417,8 +421,12 @@ def register(engine: Engine) -> None:
         return "done"
 
 
-async def run_worker(dsn: str, worker_id: str, concurrency: int) -> None:
-    """(Child process) A worker running the benchmark's agents until SIGTERM."""
+async def run_worker(dsn: str, worker_id: str, concurrency: int, gc_young: int = 0) -> None:
+    """(Child process) A worker running the benchmark's agents until SIGTERM.
+    ``gc_young``: the collector's first threshold (0: the interpreter's 700), the older
+    two set to 20 (decision 72)."""
+    if gc_young:
+        gc.set_threshold(gc_young, 20, 20)
     engine = await connect(dsn, migrate=False, development=True)
     register(engine)
     worker = engine.worker(concurrency=concurrency, worker_id=worker_id, poll_ms=100,
@@ -432,12 +440,13 @@ async def run_worker(dsn: str, worker_id: str, concurrency: int) -> None:
 class Workers:
     """Worker processes started by the benchmark (stopped by their pid)."""
 
-    def __init__(self, dsn: str, count: int, concurrency: int, tag: str) -> None:
+    def __init__(self, dsn: str, count: int, concurrency: int, tag: str,
+                 gc_young: int = 0) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "WAL_ENGINE_LOG_LEVEL": "warning"}
         self.processes = [
             subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.scale", "--worker", dsn,
-                 f"scale-{tag}-{i}", str(concurrency)],
+                 f"scale-{tag}-{i}", str(concurrency), "--gc-young", str(gc_young)],
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             for i in range(count)
         ]
@@ -586,12 +595,12 @@ async def ceiling(side: Side, seconds: float) -> float:
 
 
 async def throughput(side: Side, running: int, processes: int, window_s: float,
-                     timeout_s: float) -> dict[str, Any]:
+                     timeout_s: float, gc_young: int = 0) -> dict[str, Any]:
     """``running`` stepping tasks held by ``processes`` worker processes: steps/s, RSS, CPU."""
     db = side.store.database
     tag = f"l{processes}-{time.monotonic_ns() % 10**8}"
     ids = await _submit_many(side.engine, LOOP_AGENT, running, {"steps": 1_000_000}, tag)
-    workers = Workers(side.dsn, processes, running // processes + 1, tag)
+    workers = Workers(side.dsn, processes, running // processes + 1, tag, gc_young)
     try:
         async def all_running() -> bool:
             return int(await _value(db,
@@ -620,7 +629,8 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
                                for t in ids[start:start + 100]))
     steps = (last - first) / 2
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
-    return {"processes": processes, "running": running, "window_s": round(elapsed, 1),
+    return {"processes": processes, "running": running, "gc_young": gc_young or None,
+            "window_s": round(elapsed, 1),
             "steps_per_s": round(steps / elapsed), "appends_per_s": round(2 * steps / elapsed),
             "rss_mib": rss, "cpu_s": [round(c, 2) for c in cpu],
             "cpu_us_per_step": round(sum(cpu) / max(1.0, steps) * 1e6),
@@ -699,12 +709,13 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                 rows = []
                 limit = await ceiling(side, min(5.0, args.window))
                 for processes in args.processes:
-                    figures = await throughput(side, args.running, processes, args.window,
-                                               args.timeout)
-                    figures["ceiling_rows_per_s"] = round(limit)
-                    figures["vs_ceiling"] = round(figures["appends_per_s"] / limit, 3)
-                    rows.append(figures)
-                    print(f"  workers {side.label}: {figures}", flush=True)
+                    for gc_young in sorted({0, args.gc_young}):
+                        figures = await throughput(side, args.running, processes,
+                                                   args.window, args.timeout, gc_young)
+                        figures["ceiling_rows_per_s"] = round(limit)
+                        figures["vs_ceiling"] = round(figures["appends_per_s"] / limit, 3)
+                        rows.append(figures)
+                        print(f"  workers {side.label}: {figures}", flush=True)
                 document["workers"][side.label] = rows
         if args.cpu_steps:
             document["cpu_step"] = {}
@@ -751,6 +762,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", type=lambda t: [int(p) for p in t.split(",")],
                         default=[1, 2, 4])
     parser.add_argument("--window", type=float, default=10.0, help="throughput window, s")
+    parser.add_argument("--gc-young", type=int, default=0,
+                        help="workers: also measure each process count with the collector's "
+                             "first threshold at this many allocations (older ones at 20); "
+                             "0: only the interpreter's default")
     parser.add_argument("--cpu-steps", type=int, default=10_000, help="0 skips cpu_step")
     parser.add_argument("--cpu-rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -805,6 +820,6 @@ if __name__ == "__main__":
     arguments = parse()
     if arguments.worker:
         dsn, worker_id, concurrency = arguments.worker
-        asyncio.run(run_worker(dsn, worker_id, int(concurrency)))
+        asyncio.run(run_worker(dsn, worker_id, int(concurrency), arguments.gc_young))
     else:
         harness.run_main(lambda: main(arguments))
