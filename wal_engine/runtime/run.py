@@ -139,6 +139,8 @@ class TaskRun:
         """The segments this run's snapshots stored (or its resume read): not re-sent."""
         self._snapshot_writer: asyncio.Task[None] | None = None
         """The snapshot being written in the background (:meth:`maybe_snapshot`)."""
+        self._snapshot_next: AgentState | None = None
+        """The latest checkpoint's state the writer has yet to write."""
         self.definition = definition
         self._unsettled: list[ev.Event] = []
         """Outcome events of the last append, while it is in doubt (its connection broke):
@@ -719,32 +721,38 @@ class TaskRun:
         self.log.info("task_released", reason=reason)
 
     async def maybe_snapshot(self) -> None:
-        """Start writing a snapshot when the engine's policy says so (derived data, never
+        """Have a snapshot written when the engine's policy says so (derived data, never
         required), in the background: the step goes on at once (decision 72). One writer
-        per run at a time; a checkpoint reached while one is writing leaves it to the next."""
+        per run: a checkpoint reached while it writes leaves its state to the writer, which
+        writes the latest such state next if the policy still finds it due then."""
         policy = self.services.snapshot_policy
         if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):
             return  # Cheap test first: the policy itself needs a copy of the state.
-        if self._snapshot_writer is not None and not self._snapshot_writer.done():
-            return
         state = self.state
         if not policy.due(state, self.last_snapshot_seq):
             return
-        self._snapshot_writer = asyncio.create_task(self._write_snapshot(state),
-                                                    name=f"snapshot:{self.task_id}")
+        self._snapshot_next = state
+        if self._snapshot_writer is None or self._snapshot_writer.done():
+            self._snapshot_writer = asyncio.create_task(self._write_snapshots(),
+                                                        name=f"snapshot:{self.task_id}")
 
-    async def _write_snapshot(self, state: AgentState) -> None:
+    async def _write_snapshots(self) -> None:
         from wal_engine.runtime.resume import save_snapshot
 
-        try:
-            await save_snapshot(self.services.database, state,
-                                keep_latest=self.services.snapshot_policy.keep_latest,
-                                segments=self.snapshot_segments, encode_off_loop=True)
-        except Exception as error:  # Derived data: the next checkpoint tries again.
-            self.log.warning("snapshot_failed", seq=state.last_seq,
-                             error=self.redact_text(repr(error)))
-            return
-        self.last_snapshot_seq = max(self.last_snapshot_seq, state.last_seq)
+        policy = self.services.snapshot_policy
+        while self._snapshot_next is not None:
+            state, self._snapshot_next = self._snapshot_next, None
+            if not policy.due(state, self.last_snapshot_seq):
+                continue  # Too close to the snapshot just written.
+            try:
+                await save_snapshot(self.services.database, state,
+                                    keep_latest=policy.keep_latest,
+                                    segments=self.snapshot_segments, encode_off_loop=True)
+            except Exception as error:  # Derived data: a later checkpoint tries again.
+                self.log.warning("snapshot_failed", seq=state.last_seq,
+                                 error=self.redact_text(repr(error)))
+                continue
+            self.last_snapshot_seq = max(self.last_snapshot_seq, state.last_seq)
 
     async def settle_snapshot(self) -> None:
         """Wait for the snapshot being written, if any (a run leaves no writer behind);
