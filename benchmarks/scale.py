@@ -22,8 +22,11 @@ databases in the same run, interleaved round by round:
   time from that moment until none is WAITING and until all completed their next step;
 * ``workers``: ``--running`` tasks stepping in 1, 2 and 4 worker processes (their sum
   holding all of them), with the timers' tasks still WAITING in the database: steps/s,
-  RSS and CPU per step of each process, and the batched-insert ceiling of the same run
-  (``executemany`` of 1,000 rows per transaction);
+  RSS and CPU per step of each process, its event-loop thread's share of the window on a
+  CPU and waiting for one, and the batched-insert ceiling of the same run (``executemany``
+  of 1,000 rows per transaction into a table of the log's shape, rows of the workers'
+  size); ``--gc-young N`` measures each process count again with the garbage collector's
+  first threshold at N (docs/architecture.md, decision 72);
 * ``cpu_step``: client CPU per tool step, wal-engine vs the raw two-INSERT reference
   (:mod:`benchmarks.cpu_step`).
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import shutil
@@ -398,7 +402,10 @@ def _line(figure: dict[str, Any]) -> str:
 def register(engine: Engine) -> None:
     """The agents the worker processes run: a timer sleeper and a stepping loop."""
 
-    def tool(args: Any) -> Any:
+    async def tool(args: Any) -> Any:
+        # A coroutine, as in the suite: a plain def runs on the worker's thread pool, a hop
+        # of its own per call (measured by benchmarks.sync_tools) that grew the pool to
+        # hundreds of threads here; this measures the log's cost per step.
         return {"result": PAYLOAD_PAD}
 
     @engine.agent(TIMER_AGENT)
@@ -414,8 +421,12 @@ def register(engine: Engine) -> None:
         return "done"
 
 
-async def run_worker(dsn: str, worker_id: str, concurrency: int) -> None:
-    """(Child process) A worker running the benchmark's agents until SIGTERM."""
+async def run_worker(dsn: str, worker_id: str, concurrency: int, gc_young: int = 0) -> None:
+    """(Child process) A worker running the benchmark's agents until SIGTERM.
+    ``gc_young``: the collector's first threshold (0: the interpreter's 700), the older
+    two set to 20 (decision 72)."""
+    if gc_young:
+        gc.set_threshold(gc_young, 20, 20)
     engine = await connect(dsn, migrate=False, development=True)
     register(engine)
     worker = engine.worker(concurrency=concurrency, worker_id=worker_id, poll_ms=100,
@@ -429,12 +440,13 @@ async def run_worker(dsn: str, worker_id: str, concurrency: int) -> None:
 class Workers:
     """Worker processes started by the benchmark (stopped by their pid)."""
 
-    def __init__(self, dsn: str, count: int, concurrency: int, tag: str) -> None:
+    def __init__(self, dsn: str, count: int, concurrency: int, tag: str,
+                 gc_young: int = 0) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "WAL_ENGINE_LOG_LEVEL": "warning"}
         self.processes = [
             subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.scale", "--worker", dsn,
-                 f"scale-{tag}-{i}", str(concurrency)],
+                 f"scale-{tag}-{i}", str(concurrency), "--gc-young", str(gc_young)],
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             for i in range(count)
         ]
@@ -451,6 +463,15 @@ class Workers:
         for process in self.processes:
             fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
             out.append((int(fields[11]) + int(fields[12])) / ticks)
+        return out
+
+    def sched_s(self) -> list[tuple[float, float]]:
+        """Per process, its main (event-loop) thread's time on a CPU and time waiting for
+        one (runnable but not running), in seconds (``/proc/<pid>/schedstat``)."""
+        out = []
+        for process in self.processes:
+            on_cpu, waiting, _slices = Path(f"/proc/{process.pid}/schedstat").read_text().split()
+            out.append((int(on_cpu) / 1e9, int(waiting) / 1e9))
         return out
 
     def rss_mib(self) -> list[float]:
@@ -535,23 +556,35 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
             "target_met": completed_s < 10.0}
 
 
+CEILING_INSERT: Final = (
+    f"INSERT INTO scale_ceiling ({', '.join(EVENT_COLUMNS)})"
+    f" VALUES ({', '.join(f'${i}' for i in range(1, len(EVENT_COLUMNS) + 1))})")
+
+
 async def ceiling(side: Side, seconds: float) -> float:
-    """Rows/s of ``executemany`` of 1,000 rows per transaction into a bare table."""
+    """Rows/s of ``executemany`` of 1,000 rows per transaction into a table of the log's
+    shape (``LIKE wal_events``: its columns, defaults and primary key; no triggers), the
+    rows the workers' tool steps append (the same intent and result payloads, 32-byte
+    hashes), so that the ceiling is the physical limit for these rows, not for smaller
+    ones in a narrower table."""
     connection = await asyncpg.connect(side.dsn)
     try:
         await connection.execute(
-            "CREATE TABLE IF NOT EXISTS scale_ceiling (task_id text, seq bigint,"
-            " payload bytea, PRIMARY KEY (task_id, seq))")
-        payload = ("x" * 400).encode()
+            "CREATE TABLE IF NOT EXISTS scale_ceiling"
+            " (LIKE wal_events INCLUDING DEFAULTS INCLUDING INDEXES)")
+        intent, completed = _step_payloads(0)
+        stamp = dt.datetime.now(dt.UTC)
         rows = 0
         started = time.monotonic()
         batch = 0
         while time.monotonic() - started < seconds:
-            records = [(f"c{batch}", i, payload) for i in range(CEILING_ROWS)]
+            records = [
+                (TENANT, f"c{batch}-{i // 2}", i % 2 + 1, kind, version, 1, payload,
+                 f"c{batch}:{i}" if i % 2 == 0 else None, bytes(32), bytes(32), stamp, 2)
+                for i, (kind, version, payload) in
+                ((i, intent if i % 2 == 0 else completed) for i in range(CEILING_ROWS))]
             async with connection.transaction():
-                await connection.executemany(
-                    "INSERT INTO scale_ceiling (task_id, seq, payload) VALUES ($1, $2, $3)",
-                    records)
+                await connection.executemany(CEILING_INSERT, records)
             rows += CEILING_ROWS
             batch += 1
         elapsed = time.monotonic() - started
@@ -562,12 +595,12 @@ async def ceiling(side: Side, seconds: float) -> float:
 
 
 async def throughput(side: Side, running: int, processes: int, window_s: float,
-                     timeout_s: float) -> dict[str, Any]:
+                     timeout_s: float, gc_young: int = 0) -> dict[str, Any]:
     """``running`` stepping tasks held by ``processes`` worker processes: steps/s, RSS, CPU."""
     db = side.store.database
     tag = f"l{processes}-{time.monotonic_ns() % 10**8}"
     ids = await _submit_many(side.engine, LOOP_AGENT, running, {"steps": 1_000_000}, tag)
-    workers = Workers(side.dsn, processes, running // processes + 1, tag)
+    workers = Workers(side.dsn, processes, running // processes + 1, tag, gc_young)
     try:
         async def all_running() -> bool:
             return int(await _value(db,
@@ -584,8 +617,10 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
                 " AND e.task_id = t.task_id ORDER BY seq DESC LIMIT 1) AS last", TENANT, ids))
 
         first, cpu0, started = await events(), workers.cpu_s(), time.monotonic()
+        sched0 = workers.sched_s()
         await asyncio.sleep(window_s)
         last, cpu1, elapsed = await events(), workers.cpu_s(), time.monotonic() - started
+        sched1 = workers.sched_s()
         rss = workers.rss_mib()
     finally:
         workers.stop()
@@ -594,11 +629,18 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
                                for t in ids[start:start + 100]))
     steps = (last - first) / 2
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
-    return {"processes": processes, "running": running, "window_s": round(elapsed, 1),
+    return {"processes": processes, "running": running, "gc_young": gc_young or None,
+            "window_s": round(elapsed, 1),
             "steps_per_s": round(steps / elapsed), "appends_per_s": round(2 * steps / elapsed),
             "rss_mib": rss, "cpu_s": [round(c, 2) for c in cpu],
             "cpu_us_per_step": round(sum(cpu) / max(1.0, steps) * 1e6),
-            "cpu_utilisation": round(sum(cpu) / elapsed, 2)}
+            "cpu_utilisation": round(sum(cpu) / elapsed, 2),
+            # The event-loop thread of each process: share of the window on a CPU, and
+            # waiting for one (runnable; on 2 shared cores, the machine's load).
+            "loop_on_cpu": [round((b[0] - a[0]) / elapsed, 2) for a, b in zip(sched0, sched1,
+                                                                              strict=True)],
+            "loop_waiting_for_cpu": [round((b[1] - a[1]) / elapsed, 2)
+                                     for a, b in zip(sched0, sched1, strict=True)]}
 
 
 # ----------------------------------------------------------------------------- main
@@ -667,12 +709,13 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
                 rows = []
                 limit = await ceiling(side, min(5.0, args.window))
                 for processes in args.processes:
-                    figures = await throughput(side, args.running, processes, args.window,
-                                               args.timeout)
-                    figures["ceiling_rows_per_s"] = round(limit)
-                    figures["vs_ceiling"] = round(figures["appends_per_s"] / limit, 3)
-                    rows.append(figures)
-                    print(f"  workers {side.label}: {figures}", flush=True)
+                    for gc_young in sorted({0, args.gc_young}):
+                        figures = await throughput(side, args.running, processes,
+                                                   args.window, args.timeout, gc_young)
+                        figures["ceiling_rows_per_s"] = round(limit)
+                        figures["vs_ceiling"] = round(figures["appends_per_s"] / limit, 3)
+                        rows.append(figures)
+                        print(f"  workers {side.label}: {figures}", flush=True)
                 document["workers"][side.label] = rows
         if args.cpu_steps:
             document["cpu_step"] = {}
@@ -719,6 +762,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", type=lambda t: [int(p) for p in t.split(",")],
                         default=[1, 2, 4])
     parser.add_argument("--window", type=float, default=10.0, help="throughput window, s")
+    parser.add_argument("--gc-young", type=int, default=0,
+                        help="workers: also measure each process count with the collector's "
+                             "first threshold at this many allocations (older ones at 20); "
+                             "0: only the interpreter's default")
     parser.add_argument("--cpu-steps", type=int, default=10_000, help="0 skips cpu_step")
     parser.add_argument("--cpu-rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -773,6 +820,6 @@ if __name__ == "__main__":
     arguments = parse()
     if arguments.worker:
         dsn, worker_id, concurrency = arguments.worker
-        asyncio.run(run_worker(dsn, worker_id, int(concurrency)))
+        asyncio.run(run_worker(dsn, worker_id, int(concurrency), arguments.gc_young))
     else:
         harness.run_main(lambda: main(arguments))

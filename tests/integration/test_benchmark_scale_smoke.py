@@ -64,4 +64,5 @@ async def test_scale_benchmark_tiny_run_measures_both_databases(
         assert document["timers"][side]["timers"] == 16
         (workers,) = document["workers"][side]
         assert workers["steps_per_s"] > 0 and workers["ceiling_rows_per_s"] > 0, workers
+        assert len(workers["loop_on_cpu"]) == len(workers["loop_waiting_for_cpu"]) == 1, workers
         assert document["cpu_step"][side]["raw_cpu_us_median"] > 0

@@ -543,3 +543,46 @@ async def test_worker_drops_a_corrupt_snapshot_and_folds_the_log(
         assert await resume(engine.store, task_id) == await folded(engine.store, task_id)
     finally:
         await engine.close()
+
+
+async def test_a_checkpoint_does_not_wait_for_its_snapshot(database_dsn: str) -> None:
+    """Snapshots are written in the background (decision 72): with the snapshot table
+    locked, the agent still checkpoints, calls its tool and completes; the run then waits
+    for its writer before the worker lets the task go, and the snapshot lands once the lock
+    is released."""
+    import asyncpg
+
+    from wal_engine.engine import connect
+    from wal_engine.runtime.context import AgentContext
+    from wal_engine.runtime.resume import SnapshotPolicy
+
+    engine = await connect(database_dsn, migrate=False, snapshot_policy=SnapshotPolicy(
+        on_checkpoint=True, every_events=None, min_events=1))
+    blocker = await asyncpg.connect(database_dsn)
+    try:
+        @engine.agent("background_snapshot")
+        async def agent(ctx: AgentContext, task_input: Any) -> Any:
+            first = await ctx.tool("one", lambda args: 1, {})
+            await ctx.checkpoint()
+            return first + await ctx.tool("two", lambda args: 2, {})
+
+        task_id = await engine.submit("background_snapshot")
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE wal_snapshots IN EXCLUSIVE MODE")
+        worker = engine.worker(concurrency=1, poll_ms=20)
+        running = asyncio.create_task(worker.run(until_idle=True))
+        try:
+            state = await engine.wait(task_id, timeout_s=20)
+            assert state.status is Status.COMPLETED and state.output == 3
+            assert await _snapshot_seqs(engine.database, task_id) == []
+            assert not running.done()  # The run waits for its snapshot writer.
+        finally:
+            await transaction.rollback()
+        await asyncio.wait_for(running, 20)
+        seqs = await _snapshot_seqs(engine.database, task_id)
+        assert len(seqs) == 1 and seqs[0] < state.last_seq
+        assert await resume(engine.store, task_id) == await folded(engine.store, task_id)
+    finally:
+        await blocker.close()
+        await engine.close()

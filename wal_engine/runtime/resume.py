@@ -35,6 +35,7 @@ parent's lease epochs mean nothing for the child, whose first claim takes epoch 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -234,6 +235,7 @@ async def save_snapshot(
     *,
     keep_latest: int = snapshots_kept_default,
     segments: SnapshotSegments | None = None,
+    encode_off_loop: bool = False,
 ) -> bool:
     """Store ``state`` as the task's snapshot at ``state.last_seq``; prune older ones.
 
@@ -243,12 +245,16 @@ async def save_snapshot(
     with it, only the segments not yet stored are encoded and sent; without it, all are
     sent and the store skips those it holds. One statement, one round trip; a second only
     when the writer's memory was wrong (a segment it thought stored had been deleted).
-    Returns False when a snapshot at that seq already existed.
+    ``encode_off_loop``: encode on a thread (zstd releases the GIL), so that the event loop
+    goes on serving other runs' steps meanwhile (the state is frozen; ``segments`` must
+    not be used by anyone else until this returns). Returns False when a snapshot at that
+    seq already existed.
     """
     if state.last_seq < 1:
         raise ValueError("a snapshot needs a state at seq 1 or later")
     known = segments if segments is not None else SnapshotSegments()
-    encoded = known.encode(state)
+    encoded = (await asyncio.to_thread(known.encode, state) if encode_off_loop
+               else known.encode(state))
     row = await _write_snapshot(database, state, encoded, keep_latest)
     if row["missing"]:
         known.forget_stored()

@@ -137,6 +137,10 @@ class TaskRun:
         self.last_snapshot_seq = 0
         self.snapshot_segments: SnapshotSegments = SnapshotSegments()
         """The segments this run's snapshots stored (or its resume read): not re-sent."""
+        self._snapshot_writer: asyncio.Task[None] | None = None
+        """The snapshot being written in the background (:meth:`maybe_snapshot`)."""
+        self._snapshot_next: AgentState | None = None
+        """The latest checkpoint's state the writer has yet to write."""
         self.definition = definition
         self._unsettled: list[ev.Event] = []
         """Outcome events of the last append, while it is in doubt (its connection broke):
@@ -719,15 +723,52 @@ class TaskRun:
         self.log.info("task_released", reason=reason)
 
     async def maybe_snapshot(self) -> None:
-        """Save a snapshot when the engine's policy says so (derived data, never required)."""
-        from wal_engine.runtime.resume import save_snapshot_if_due
-
+        """Have a snapshot written when the engine's policy says so (derived data, never
+        required), in the background: the step goes on at once (decision 72). One writer
+        per run: a checkpoint reached while it writes leaves its state to the writer, which
+        writes the latest such state next if the policy still finds it due then."""
         policy = self.services.snapshot_policy
         if self.head_seq - self.last_snapshot_seq < policy.spacing(self.last_snapshot_seq):
             return  # Cheap test first: the policy itself needs a copy of the state.
-        if await save_snapshot_if_due(self.services.database, self.state, policy,
-                                      self.last_snapshot_seq, segments=self.snapshot_segments):
-            self.last_snapshot_seq = self.head_seq
+        state = self.state
+        if not policy.due(state, self.last_snapshot_seq):
+            return
+        self._snapshot_next = state
+        if self._snapshot_writer is None or self._snapshot_writer.done():
+            self._snapshot_writer = asyncio.create_task(self._write_snapshots(),
+                                                        name=f"snapshot:{self.task_id}")
+
+    async def _write_snapshots(self) -> None:
+        from wal_engine.runtime.resume import save_snapshot
+
+        policy = self.services.snapshot_policy
+        while self._snapshot_next is not None:
+            state, self._snapshot_next = self._snapshot_next, None
+            if not policy.due(state, self.last_snapshot_seq):
+                continue  # Too close to the snapshot just written.
+            try:
+                await save_snapshot(self.services.database, state,
+                                    keep_latest=policy.keep_latest,
+                                    segments=self.snapshot_segments, encode_off_loop=True)
+            except Exception as error:  # Derived data: a later checkpoint tries again.
+                self.log.warning("snapshot_failed", seq=state.last_seq,
+                                 error=self.redact_text(repr(error)))
+                continue
+            self.last_snapshot_seq = max(self.last_snapshot_seq, state.last_seq)
+
+    async def settle_snapshot(self) -> None:
+        """Wait for the snapshot being written, if any (a run leaves no writer behind);
+        cancel it instead when the worker goes away without a drain."""
+        writer, self._snapshot_writer = self._snapshot_writer, None
+        if writer is None:
+            return
+        if self.stop_forced:
+            writer.cancel()
+        try:
+            await asyncio.wait([writer])  # Its failure is its own (logged there).
+        except asyncio.CancelledError:
+            writer.cancel()
+            raise
 
     def adopt_append(self, event: ev.Event, result: Any) -> None:
         """Take over an append made inside a caller's transaction (exactly-once effects)."""

@@ -386,6 +386,7 @@ class Worker:
         except Exception:
             run.log.exception("task_run_crashed")
         finally:
+            await run.settle_snapshot()
             self.runs.pop(run.task_id, None)
             self.keeper.drop(run.task_id)
             self._wake.set()
