@@ -382,7 +382,8 @@ def _decoded(
     """Decode rows lazily, so that decoding runs inside the fold's GC pause."""
     for row in items:
         seq = row[0]
-        yield seq, registry.decode_record(row[1], row[2], row[3], seq), row[4]
+        # A compressed row (decision 71) is decoded from its content.
+        yield seq, registry.decode_record(row[1], row[2], blobs.readable_row(row[3]), seq), row[4]
 
 
 def _snapshot_state(task_id: str, row: Any, segment_rows: list[Any],

@@ -163,7 +163,7 @@ def encode_batch(
                                batch.recorded_at, key, payload)
         batch.types.append(kind)
         batch.versions.append(version)
-        batch.payloads.append(payload)
+        batch.payloads.append(blobs.compress_row(payload))
         batch.idempotency_keys.append(key)
         batch.prev_hashes.append(previous)
         batch.hashes.append(digest)
@@ -328,7 +328,8 @@ class Store:
         budget_json = orjson.dumps(
             msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
         ).decode()
-        args: tuple[Any, ...] = (task_id, agent, kind, version, stored, digest, budget_json,
+        args: tuple[Any, ...] = (task_id, agent, kind, version, blobs.compress_row(stored),
+                                 digest, budget_json,
                                  parent_task_id, parent_seq, GENESIS_HASH, agent_version,
                                  recorded_at, placement.queue, placement.priority,
                                  placement.partition_key, placement.dedup_id)
@@ -805,8 +806,8 @@ def _observation(task_id: str, event: vocabulary.Event,
     key, recorded_at = getattr(event, "idempotency_key", None), now()
     digest = event_hash_v2(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
                            recorded_at, key, payload)
-    args = (task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
-            recorded_at)
+    args = (task_id, epoch, expected_seq, prev_hash, kind, version,
+            blobs.compress_row(payload), key, digest, recorded_at)
     if chunks:
         pending = Chunks()
         pending.add(chunks)
@@ -870,5 +871,10 @@ def head_from_row(row: Any) -> TaskHead:
 
 
 def record_from_row(row: Any) -> EventRecord:
-    """Build an :class:`EventRecord` from a ``wal_events`` row."""
-    return EventRecord(**dict(row))
+    """Build an :class:`EventRecord` from a ``wal_events`` row; a compressed row's payload is
+    its content (decision 71: the content is what the chain hash covers)."""
+    values = dict(row)
+    stored = values["payload"]
+    if stored.startswith(blobs.ZSTD_MAGIC):
+        values["payload"] = blobs.readable_row(stored)
+    return EventRecord(**values)
