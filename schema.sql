@@ -1,6 +1,7 @@
--- wal-engine schema, version 3. Idempotent: applying it twice changes nothing. Version 2
+-- wal-engine schema, version 5. Idempotent: applying it twice changes nothing. Version 2
 -- added tenants (a database of version 1 is migrated in place, see "Tenancy" below);
--- version 3 large values (wal_blobs; a database of version 2 is migrated in place).
+-- version 3 large values (wal_blobs; a database of version 2 is migrated in place);
+-- version 5 a smaller event row (no prev_hash, derived keys; decision 71).
 --
 -- Map of the database side
 -- ------------------------
@@ -177,7 +178,6 @@ CREATE TABLE IF NOT EXISTS wal_events (
     epoch           bigint NOT NULL,
     payload         bytea NOT NULL,
     idempotency_key text,
-    prev_hash       bytea NOT NULL,
     hash            bytea NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT wal_events_pkey PRIMARY KEY (tenant, task_id, seq)
@@ -196,6 +196,12 @@ BEGIN
     END LOOP;
 END
 $no_event_checks$;
+
+-- Version 5 (docs/architecture.md, decision 71): an event's previous hash is the hash of
+-- the row before it, which `verify` reads anyway; stored again in each row it proved
+-- nothing more and cost 33 bytes a row. Dropped from a database of version 4 (a catalog
+-- change: its rows are not rewritten).
+ALTER TABLE wal_events DROP COLUMN IF EXISTS prev_hash;
 
 
 CREATE TABLE IF NOT EXISTS wal_snapshots (
@@ -478,20 +484,6 @@ EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character
 END;
 $$;
 
--- For SQL audits. The filter is the policy's own tenant (the login role's, else what
--- wal_trusted_tenant() allows): a tenant's role auditing in psql sees its events with no
--- setting (keyed on wal.tenant alone, it saw none), and a superuser, whom row security
--- does not filter, sees the tenant it names by SET wal.tenant and nothing without one.
-CREATE OR REPLACE VIEW wal_events_json AS
-    SELECT task_id, seq, type, version, epoch,
-           wal_payload_json(payload) AS payload,
-           idempotency_key, encode(hash, 'hex') AS hash, recorded_at, tenant
-    FROM wal_events
-    WHERE tenant = (SELECT coalesce(
-        (SELECT m.tenant FROM wal_tenant_roles m
-          WHERE m.role_name = session_user AND m.enabled),
-        wal_trusted_tenant()));
-
 -- ------------------------------------------------------------------------------ functions
 
 CREATE OR REPLACE FUNCTION wal_event_hash(
@@ -696,9 +688,9 @@ BEGIN
     next_seq := head.head_seq + 1;
     next_hash := wal_event_hash_v2(head.head_hash, p_task_id, next_seq, p_type, 1, p_epoch,
                                    stamp, NULL, body);
-    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash,
-                            recorded_at, chain_version)
-    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, head.head_hash, next_hash, stamp, 2);
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash, recorded_at,
+                            chain_version)
+    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, next_hash, stamp, 2);
     UPDATE wal_tasks
        SET head_seq = next_seq, head_hash = next_hash,
            status = coalesce(p_new_status, status),
@@ -1141,8 +1133,14 @@ $$;
 -- dropped the log's checks for their cost; one combined check costs what one check costs
 -- (decision 39 has the figures), and without it a direct INSERT as the runtime role could
 -- store any seq, epoch or size. NOT VALID: rows already stored are not re-read.
+-- Version 5 added chain version 3 (decision 71): a check of version 4 is replaced.
 DO $event_bounds$
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint
+                WHERE conrelid = 'wal_events'::regclass AND conname = 'wal_events_bounds'
+                  AND pg_get_constraintdef(oid) NOT LIKE '%ARRAY[1, 2, 3]%') THEN
+        ALTER TABLE wal_events DROP CONSTRAINT wal_events_bounds;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_constraint
                     WHERE conrelid = 'wal_events'::regclass AND conname = 'wal_events_bounds')
     THEN
@@ -1150,10 +1148,41 @@ BEGIN
             seq BETWEEN 1 AND 10000000
             AND epoch BETWEEN 0 AND 2147483647
             AND octet_length(payload) <= 16777216
-            AND chain_version IN (1, 2)) NOT VALID;
+            AND chain_version IN (1, 2, 3)) NOT VALID;
     END IF;
 END
 $event_bounds$;
+
+-- The idempotency key an event carries, whatever its chain version (decision 71): rows of
+-- chain version 3 store '' for no key and for the key of an intent's own position,
+-- 'idem:<task>:<seq>' (wal_engine/ids.py), which is derived here; any other key is stored.
+CREATE OR REPLACE FUNCTION wal_event_key(
+    p_chain_version smallint, p_type text, p_task_id text, p_seq bigint, p_key text
+) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_chain_version < 3 OR p_key IS DISTINCT FROM '' THEN p_key
+                WHEN p_type IN ('tool_call_intended', 'llm_call_intended')
+                    THEN 'idem:' || p_task_id || ':' || p_seq
+           END
+$$;
+
+-- For SQL audits. The filter is the policy's own tenant (the login role's, else what
+-- wal_trusted_tenant() allows): a tenant's role auditing in psql sees its events with no
+-- setting (keyed on wal.tenant alone, it saw none), and a superuser, whom row security
+-- does not filter, sees the tenant it names by SET wal.tenant and nothing without one.
+-- Defined after wal_event_key (version 5). A row stored compressed (decision 71) shows a
+-- NULL payload here: its content is read through the engine (`wal-engine history --json`).
+CREATE OR REPLACE VIEW wal_events_json AS
+    SELECT task_id, seq, type, version, epoch,
+           wal_payload_json(payload) AS payload,
+           wal_event_key(chain_version, type, task_id, seq, idempotency_key)
+               AS idempotency_key,
+           encode(hash, 'hex') AS hash, recorded_at, tenant
+    FROM wal_events
+    WHERE tenant = (SELECT coalesce(
+        (SELECT m.tenant FROM wal_tenant_roles m
+          WHERE m.role_name = session_user AND m.enabled),
+        wal_trusted_tenant()));
 
 -- Signals: counted per task (on its row, which wal_send_signal locks anyway) and per
 -- tenant, count and payload bytes, against the database's caps (the tenant's may be set
@@ -1847,6 +1876,11 @@ $$;
 -- schema over a newer one (connection.apply_schema), which would put back older functions
 -- (a five-parameter wal_claim_tasks beside the queue-aware one).
 INSERT INTO wal_schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;
+-- ============================================================ schema version 5
+-- Version 5 (decision 71) stores less per event: no prev_hash column (dropped from a
+-- database of version 4 where the log is defined, above), and rows of chain version 3
+-- whose idempotency key is derived (wal_event_key); the log's check admits chain version 3.
+INSERT INTO wal_schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
 -- ============================================================ retention (issue 23)
 -- Finished tasks older than a policy leave the database through one sanctioned path
 -- (docs/architecture.md decision 65; `wal-engine retention run`, wal_engine/audit/retention.py):
@@ -2018,9 +2052,12 @@ BEGIN
     INSERT INTO wal_archived_tasks (tenant, task_id, agent, status, ending, head_seq,
                                     head_hash, finished_at, retention_id, idempotency_keys)
     SELECT v_tenant, t.task_id, t.agent, t.status, e.type, e.seq, e.hash, e.recorded_at, v_id,
-           ARRAY(SELECT k FROM (SELECT x.idempotency_key AS k FROM wal_events x
+           ARRAY(SELECT k FROM (SELECT wal_event_key(x.chain_version, x.type, x.task_id, x.seq,
+                                                     x.idempotency_key) AS k
+                                  FROM wal_events x
                                  WHERE x.tenant = v_tenant AND x.task_id = t.task_id
-                                   AND x.idempotency_key IS NOT NULL
+                                   AND wal_event_key(x.chain_version, x.type, x.task_id, x.seq,
+                                                     x.idempotency_key) IS NOT NULL
                                 UNION
                                 SELECT i.key FROM wal_idempotency i
                                  WHERE i.tenant = v_tenant AND i.task_id = t.task_id) AS keys

@@ -217,9 +217,8 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
             assert await connection.fetchval(
                 f"SELECT count(*) FROM {table} WHERE tenant = $1", TENANT_A) == 0, table
         # Row security: writing A's rows is refused (42501) or reaches none.
-        event_columns = ("(tenant, task_id, seq, type, version, epoch, payload, prev_hash, hash)"
-                         " VALUES ($1, 'a-task', 99, 'message_appended', 1, 1, '\\x7b7d', "
-                         "$2, $2)")
+        event_columns = ("(tenant, task_id, seq, type, version, epoch, payload, hash)"
+                         " VALUES ($1, 'a-task', 99, 'message_appended', 1, 1, '\\x7b7d', $2)")
         refused = {
             "INSERT INTO wal_events " + event_columns: (TENANT_A, bytes(32)),
             "INSERT INTO wal_tasks (tenant, task_id, agent, status, head_seq, head_hash) "
@@ -489,10 +488,9 @@ async def test_hot_statements_probe_the_primary_keys(
                    generate_series(1, 3000) AS i""")
         await admin.execute("ALTER TABLE wal_tasks ENABLE TRIGGER USER")
         await admin.execute("""
-            INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch, payload,
-                                    prev_hash, hash)
+            INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch, payload, hash)
             SELECT t.tenant, t.task_id, s, 'message_appended', 1, 1, '{}'::bytea,
-                   decode(repeat('00', 32), 'hex'), decode(repeat('00', 32), 'hex')
+                   decode(repeat('00', 32), 'hex')
               FROM wal_tasks t, generate_series(1, 5) AS s WHERE t.task_id LIKE 'bulk-%'""")
         await admin.execute("ANALYZE")
     finally:
@@ -566,7 +564,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
                             "VALUES ('old-task', 'ping', '\\x7b7d', 'd')")
         assert await apply_schema(admin) is True
         assert await admin.fetchval("SELECT max(version) FROM wal_schema_version") == \
-            SCHEMA_VERSION == 4
+            SCHEMA_VERSION == 5
         keys = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype IN ('p', 'u') AND conrelid::regclass::text LIKE 'wal\\_%'")}
