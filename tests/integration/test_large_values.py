@@ -364,7 +364,7 @@ async def test_a_version_2_database_is_migrated_to_the_current_version(
             await Database.open(dsn, migrate=False)
         assert await apply_schema(admin) is True
         assert await admin.fetchval("SELECT max(version) FROM wal_schema_version") == \
-            SCHEMA_VERSION == 4
+            SCHEMA_VERSION == 5
         assert await apply_schema(admin) is False  # Applied: nothing to do the second time.
     finally:
         await admin.close()

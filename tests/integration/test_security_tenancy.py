@@ -499,12 +499,12 @@ async def test_hot_statements_probe_the_primary_keys(
     try:
         await connection.execute("SET plan_cache_mode = force_generic_plan")
         args = ("a-task", 1, 2, bytes(32))
-        arrays = (["message_appended"], [1], [b"{}"], [None], [bytes(32)], [bytes(32)])
-        stamp = dt.datetime.now(dt.UTC)  # recorded_at: chain version 2 covers it
+        arrays = (["message_appended"], [1], [b"{}"], [""], [bytes(32)])
+        stamp = dt.datetime.now(dt.UTC)  # recorded_at: chain version 3 covers it
         plans = {
             "READ_HEAD": (queries.READ_HEAD, ("a-task",)),
             "READ_EVENTS": (queries.READ_EVENTS, ("a-task", 1, 10, 10)),
-            "OBSERVE_ONE": (queries.OBSERVE_ONE, (*args, "message_appended", 1, b"{}", None,
+            "OBSERVE_ONE": (queries.OBSERVE_ONE, (*args, "message_appended", 1, b"{}", "",
                                                   bytes(32), stamp)),
             "OBSERVE_MANY": (queries.OBSERVE_MANY, (*args, *arrays, stamp)),
             "TRANSITION": (queries.TRANSITION, (*args, *arrays, "RUNNING", None, None, None,
