@@ -170,16 +170,21 @@ CREATE TABLE IF NOT EXISTS wal_events (
     -- (seq - 1, same epoch and hash, same tenant; seq 1 comes with its task row, whose
     -- tenant format is checked), the engine writes sha256 hashes and its own vocabulary,
     -- and `verify` recomputes every hash and seq from the rows.
+    -- Column order (version 5, decision 71): the fixed-width columns first, widest first,
+    -- then the variable-length ones with the payload (the only one past 126 bytes, whose
+    -- length word is 4-byte aligned) last, so that no column waits for its alignment: 8
+    -- bytes less per row than version 4's order. Statements name their columns.
+    seq             bigint NOT NULL,
+    epoch           bigint NOT NULL,
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    version         smallint NOT NULL,
+    chain_version   smallint NOT NULL DEFAULT 1,
     tenant          text NOT NULL DEFAULT current_setting('wal.tenant'),
     task_id         text NOT NULL,
-    seq             bigint NOT NULL,
     type            text NOT NULL,
-    version         smallint NOT NULL,
-    epoch           bigint NOT NULL,
-    payload         bytea NOT NULL,
     idempotency_key text,
     hash            bytea NOT NULL,
-    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    payload         bytea NOT NULL,
     CONSTRAINT wal_events_pkey PRIMARY KEY (tenant, task_id, seq)
 );
 
@@ -1106,7 +1111,8 @@ $$;
 -- length-prefixed. Each row carries its version, so a task alive across the upgrade mixes
 -- them. The column defaults to 1: the writers of version 2 (the store's statements and
 -- wal_emit) name it; the others (forks, the LangGraph saver, loaded fixtures) still write
--- version 1, which verifies as before.
+-- version 1, which verifies as before. (A database created at version 5 or later has it
+-- from its CREATE TABLE.)
 ALTER TABLE wal_events ADD COLUMN IF NOT EXISTS chain_version smallint NOT NULL DEFAULT 1;
 
 CREATE OR REPLACE FUNCTION wal_event_hash_v2(

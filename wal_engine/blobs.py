@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Final, NamedTuple
 
@@ -49,8 +50,10 @@ saver's index reads the skeleton alone (:func:`skeleton`)."""
 
 _sort: Final = orjson.OPT_SORT_KEYS
 
-ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
-"""How a compressed row begins (a zstd frame); a plain row is JSON and begins with ``{``."""
+ROW_MARK: Final = b"\x01"
+"""How a compressed row begins: this byte, then one zstd frame without its magic number
+(decision 71; 3 bytes less a row than the magic). A plain row is JSON: it begins with
+``{``."""
 
 ROW_DICTIONARY: Final = (
     b'{"agent":"","agent_version":null,"budget":{},"input":{},"parent_seq":null,'
@@ -63,12 +66,18 @@ ROW_DICTIONARY: Final = (
     b'{"args":{},"args_hash":"","attempt":1,"call_id":"tool-","idempotency_key":"idem:",'
     b'"idempotent":true,"tool":""}{"call_id":"tool-","result":{"result":""}}'
 )
-"""The zstd dictionary of compressed rows (raw content: the engine's own field names, as
-its events encode them). A row of a few hundred bytes has too little text of its own for
-its keys to repeat; with them here, each costs a back-reference (a tool step's two rows
-store 80 bytes fewer, decision 71). **Never changed**: every compressed row was written with
-it. Another dictionary would need frames that name it (a zstd dictionary id), which these
-frames do not carry."""
+"""The start of the zstd dictionary of compressed rows (raw content: the engine's own field
+names, as its events encode them); the task's id ends it (:func:`row_dictionary`). A row
+of a few hundred bytes has too little text of its own for its keys, or the task id in an
+intent's key, to repeat; with them here, each costs a back-reference (a tool step's two
+rows store 95 bytes fewer, decision 71). **Never changed**: every compressed row was
+written with it; another dictionary would need another :data:`ROW_MARK`."""
+
+ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+"""The 4 bytes a zstd frame begins with, which a stored row leaves out."""
+
+row_codecs_cached_max: Final = 256
+"""Tasks whose row codecs a thread keeps (making a task's costs about 20 µs)."""
 
 row_zstd_level: Final = 1
 """zstd level of compressed rows. Measured on the suite's tool steps (a ~700-byte intent, a
@@ -132,55 +141,83 @@ def split(payload: bytes, chunk_bytes: int = limits.blob_chunk_bytes,
     return orjson.dumps(fields, option=_sort), chunks
 
 
+def row_dictionary(task_id: str) -> bytes:
+    """The dictionary of a task's compressed rows: :data:`ROW_DICTIONARY` then the start of
+    an intent's key, ``"idem:<task_id>:``."""
+    return ROW_DICTIONARY + b'"idem:' + task_id.encode() + b":"
+
+
+class _RowCodec(NamedTuple):
+    compressor: zstandard.ZstdCompressor
+    decompressor: zstandard.ZstdDecompressor
+
+
 class _Codecs(threading.local):
-    """A zstd compressor and decompressor per thread (neither may be shared between threads
-    at once; making one per row cost 20 µs)."""
+    """Row codecs per thread (neither half may be used by two threads at once), per task,
+    the most recently used :data:`row_codecs_cached_max` kept."""
 
     def __init__(self) -> None:
-        dictionary = zstandard.ZstdCompressionDict(ROW_DICTIONARY,
+        self.by_task: OrderedDict[str, _RowCodec] = OrderedDict()
+
+    def of(self, task_id: str) -> _RowCodec:
+        codec = self.by_task.get(task_id)
+        if codec is not None:
+            self.by_task.move_to_end(task_id)
+            return codec
+        dictionary = zstandard.ZstdCompressionDict(row_dictionary(task_id),
                                                    dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-        self.compressor = zstandard.ZstdCompressor(level=row_zstd_level, dict_data=dictionary,
-                                                   write_dict_id=False)
-        self.decompressor = zstandard.ZstdDecompressor(dict_data=dictionary)
+        # A level, not explicit parameters: given parameters, zstd no longer tunes them to
+        # the dictionary and the input's size (measured: a result row stored 15% more).
+        codec = _RowCodec(
+            zstandard.ZstdCompressor(level=row_zstd_level, dict_data=dictionary,
+                                     write_dict_id=False, write_content_size=True),
+            zstandard.ZstdDecompressor(dict_data=dictionary,
+                                       format=zstandard.FORMAT_ZSTD1_MAGICLESS))
+        self.by_task[task_id] = codec
+        if len(self.by_task) > row_codecs_cached_max:
+            self.by_task.popitem(last=False)
+        return codec
 
 
 _codecs: Final = _Codecs()
 
 
-def compress_row(row: bytes) -> bytes:
-    """The bytes stored for an event's row (decision 71): one zstd frame of ``row``
-    (compressed with :data:`ROW_DICTIONARY`) when
-    ``row`` is at least :data:`limits.row_compress_bytes_min` long, references no large
-    value (those rows stay readable by SQL, :func:`skeleton`) and the frame is shorter;
-    else ``row`` itself. The chain hash covers the bytes returned, as stored."""
+def compress_row(row: bytes, task_id: str) -> bytes:
+    """The bytes stored for an event's row of task ``task_id`` (decision 71):
+    :data:`ROW_MARK` and a zstd frame of ``row`` (with the task's :func:`row_dictionary`)
+    when ``row`` is at least :data:`limits.row_compress_bytes_min` long, references no
+    large value (those rows stay readable by SQL, :func:`skeleton`) and that is shorter;
+    else ``row`` itself. The chain hash covers ``row``, the content."""
     if len(row) < limits.row_compress_bytes_min or row.startswith(ROW_PREFIX):
         return row
-    frame = _codecs.compressor.compress(row)
-    return frame if len(frame) < len(row) else row
+    frame = _codecs.of(task_id).compressor.compress(row)
+    stored = ROW_MARK + frame[len(ZSTD_MAGIC):]  # The same frame without its magic number.
+    return stored if len(stored) < len(row) else row
 
 
-def decompress_row(stored: bytes) -> bytes:
-    """The row a stored value holds: the frame's content for a compressed row, else the
-    bytes as stored. Raises BlobError for a frame that does not decompress or that declares
-    more than a row may hold (:data:`limits.blob_threshold_bytes`, before its large values
-    left it, is far below that bound)."""
-    if not stored.startswith(ZSTD_MAGIC):
+def decompress_row(stored: bytes, task_id: str) -> bytes:
+    """The row a stored value of task ``task_id`` holds: a compressed row's content, else
+    the bytes as stored. Raises BlobError for a frame that does not decompress, or that
+    declares more than a row may hold (``limits.row_payload_bytes_ceiling``)."""
+    if not stored.startswith(ROW_MARK):
         return stored
+    frame = stored[1:]
     try:
-        declared = zstandard.frame_content_size(stored)
+        declared = zstandard.get_frame_parameters(
+            frame, format=zstandard.FORMAT_ZSTD1_MAGICLESS).content_size
         if not 0 <= declared <= limits.row_payload_bytes_ceiling:
             raise BlobError(f"a compressed row declares {declared} bytes")
-        return _codecs.decompressor.decompress(stored)
+        return _codecs.of(task_id).decompressor.decompress(frame)
     except zstandard.ZstdError as error:
         raise BlobError(f"a compressed row does not decompress ({error})") from error
 
 
-def readable_row(stored: bytes) -> bytes:
+def readable_row(stored: bytes, task_id: str) -> bytes:
     """The row a stored value holds, or the stored bytes themselves when a frame does not
     decompress: their decoding then fails as any malformed row's does, and ``verify``
-    reports the row (its hash covers the stored bytes, so an altered frame is found)."""
+    reports the row (its hash covers the content, which these bytes are not)."""
     try:
-        return decompress_row(stored)
+        return decompress_row(stored, task_id)
     except BlobError:
         return stored
 

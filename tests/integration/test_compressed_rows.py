@@ -37,9 +37,9 @@ async def stepper(ctx: AgentContext, task_input: Any) -> Any:
 async def _rows(dsn: str, task_id: str) -> list[asyncpg.Record]:
     connection = await asyncpg.connect(dsn)
     try:
-        return await connection.fetch(
+        return list(await connection.fetch(
             "SELECT seq, type, payload FROM wal_events WHERE task_id = $1 ORDER BY seq",
-            task_id)
+            task_id))
     finally:
         await connection.close()
 
@@ -78,9 +78,9 @@ async def test_long_rows_are_stored_compressed_and_read_back_as_their_content(
         stored = bytes(rows[record.seq]["payload"])
         assert record.payload.startswith(b"{")
         if len(record.payload) >= limits.row_compress_bytes_min:
-            assert stored.startswith(blobs.ZSTD_MAGIC)
+            assert stored.startswith(blobs.ROW_MARK)
             assert len(stored) < len(record.payload) * 0.8
-            assert blobs.decompress_row(stored) == record.payload
+            assert blobs.decompress_row(stored, "z-1") == record.payload
             compressed += 1
         else:
             assert stored == record.payload
@@ -89,7 +89,8 @@ async def test_long_rows_are_stored_compressed_and_read_back_as_their_content(
     assert (await engine.state("z-1")).status == "COMPLETED"
 
 
-@pytest.mark.parametrize("change", ["flipped byte", "other content", "truncated frame"])
+@pytest.mark.parametrize("change", ["flipped byte", "other content", "truncated frame",
+                                    "another task's dictionary"])
 async def test_a_changed_compressed_row_is_named_by_verify(engine: Engine, change: str) -> None:
     """Any change of a compressed row's content, or a frame that no longer decompresses, is
     a hash violation at that seq."""
@@ -97,13 +98,15 @@ async def test_a_changed_compressed_row_is_named_by_verify(engine: Engine, chang
     dsn = engine.database.dsn
     row = next(r for r in await _rows(dsn, "z-2") if r["type"] == "tool_call_completed")
     stored = bytes(row["payload"])
-    content = blobs.decompress_row(stored)
+    content = blobs.decompress_row(stored, "z-2")
     if change == "flipped byte":
         forged = stored[:-8] + bytes([stored[-8] ^ 0x01]) + stored[-7:]
     elif change == "other content":
-        forged = blobs.compress_row(content.replace(b"the ", b"one ", 1))
-    else:
+        forged = blobs.compress_row(content.replace(b"the ", b"one ", 1), "z-2")
+    elif change == "truncated frame":
         forged = stored[:len(stored) // 2]
+    else:
+        forged = blobs.compress_row(content, "z-other")
     await _tamper(dsn, "z-2", row["seq"], forged)
     report = await engine.store.verify_task("z-2")
     assert report.violation is not None
@@ -117,8 +120,11 @@ async def test_the_chain_covers_the_content_not_its_stored_form(engine: Engine) 
     dsn = engine.database.dsn
     before = await engine.history("z-3")
     row = next(r for r in await _rows(dsn, "z-3") if r["type"] == "tool_call_intended")
-    content = blobs.decompress_row(bytes(row["payload"]))
-    for stored in (content, zstandard.ZstdCompressor(level=9).compress(content)):
+    content = blobs.decompress_row(bytes(row["payload"]), "z-3")
+    parameters = zstandard.ZstdCompressionParameters.from_level(
+        9, format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+    plain_frame = zstandard.ZstdCompressor(compression_params=parameters).compress(content)
+    for stored in (content, blobs.ROW_MARK + plain_frame):
         await _tamper(dsn, "z-3", row["seq"], stored)
         assert (await engine.store.verify_task("z-3")).ok
         assert [r.payload for r in await engine.history("z-3")] == [r.payload for r in before]

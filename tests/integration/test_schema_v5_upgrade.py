@@ -148,7 +148,7 @@ async def _check_upgraded(engine: Engine, head_hash: bytes) -> None:
         "SELECT seq, idempotency_key, payload FROM wal_events WHERE task_id = $1 AND seq >= 5"
         " ORDER BY seq", TASK)
     assert [r["idempotency_key"] for r in rows] == ["", ""]
-    assert bytes(rows[0]["payload"]).startswith(blobs.ZSTD_MAGIC)
+    assert bytes(rows[0]["payload"]).startswith(blobs.ROW_MARK)
     audited = await engine.database.fetch(
         "SELECT seq, idempotency_key FROM wal_events_json WHERE task_id = $1 ORDER BY seq",
         TASK)

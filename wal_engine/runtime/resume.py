@@ -346,13 +346,15 @@ async def read_state(
     known = SnapshotSegments()
     start = _snapshot_state(task_id, head, rows[:first], known)
     builder = StateBuilder(start, task_id=task_id, registry=registry)
-    builder.extend(_decoded(await _with_values(database, task_id, items), registry))
+    builder.extend(_decoded(await _with_values(database, task_id, items), registry,
+                                task_id))
     folded, round_trips = len(items), 1
     head_seq: int = head["head_seq"]
     while len(items) == page_events and builder.last_seq < head_seq:
         items = await database.fetch(READ_TAIL, task_id, builder.last_seq, head_seq,
                                      page_events, task_id=task_id)
-        builder.extend(_decoded(await _with_values(database, task_id, items), registry))
+        builder.extend(_decoded(await _with_values(database, task_id, items), registry,
+                                task_id))
         folded, round_trips = folded + len(items), round_trips + 1
     state = builder.finish()
     _check_head(state, head)
@@ -374,13 +376,14 @@ def _seq_of(row: Any) -> int:
 
 
 def _decoded(
-    items: list[Any], registry: UpcasterRegistry
+    items: list[Any], registry: UpcasterRegistry, task_id: str
 ) -> Iterator[tuple[int, vocabulary.Event, bytes]]:
     """Decode rows lazily, so that decoding runs inside the fold's GC pause."""
     for row in items:
         seq = row[0]
         # A compressed row (decision 71) is decoded from its content.
-        yield seq, registry.decode_record(row[1], row[2], blobs.readable_row(row[3]), seq), row[4]
+        payload = blobs.readable_row(row[3], task_id)
+        yield seq, registry.decode_record(row[1], row[2], payload, seq), row[4]
 
 
 def _snapshot_state(task_id: str, row: Any, segment_rows: list[Any],
@@ -442,7 +445,7 @@ class _ChildHistory:
         self.types.append(kind)
         self.versions.append(version)
         # Stored compressed when that pays (decision 71); the hash covers the content.
-        self.payloads.append(blobs.compress_row(payload))
+        self.payloads.append(blobs.compress_row(payload, self.task_id))
         self.keys.append(key)
         self.hashes.append(digest)
         target = type(event).TARGET_STATUS

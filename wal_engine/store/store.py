@@ -170,7 +170,7 @@ def encode_batch(
                                key, payload)
         batch.types.append(kind)
         batch.versions.append(version)
-        batch.payloads.append(blobs.compress_row(payload))
+        batch.payloads.append(blobs.compress_row(payload, task_id))
         batch.idempotency_keys.append(stored_key(task_id, seq, kind, key))
         batch.hashes.append(digest)
         target = type(event).TARGET_STATUS
@@ -334,7 +334,7 @@ class Store:
         budget_json = orjson.dumps(
             msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
         ).decode()
-        args: tuple[Any, ...] = (task_id, agent, kind, version, blobs.compress_row(stored),
+        args: tuple[Any, ...] = (task_id, agent, kind, version, blobs.compress_row(stored, task_id),
                                  digest, budget_json, parent_task_id, parent_seq,
                                  agent_version, recorded_at, placement.queue, placement.priority,
                                  placement.partition_key, placement.dedup_id)
@@ -812,7 +812,7 @@ def _observation(task_id: str, event: vocabulary.Event,
     digest = event_hash_v3(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
                            recorded_at, key, payload)
     args = (task_id, epoch, expected_seq, prev_hash, kind, version,
-            blobs.compress_row(payload), stored_key(task_id, expected_seq + 1, kind, key),
+            blobs.compress_row(payload, task_id), stored_key(task_id, expected_seq + 1, kind, key),
             digest, recorded_at)
     if chunks:
         pending = Chunks()
@@ -880,8 +880,8 @@ def record_from_row(row: Any) -> EventRecord:
     chain version 3 is the event's own, derived where the row leaves it out."""
     values = dict(row)
     stored = values["payload"]
-    if stored.startswith(blobs.ZSTD_MAGIC):
-        values["payload"] = blobs.readable_row(stored)
+    if stored.startswith(blobs.ROW_MARK):
+        values["payload"] = blobs.readable_row(stored, values["task_id"])
     if values["chain_version"] >= 3:
         values["idempotency_key"] = effective_key(
             values["chain_version"], values["task_id"], values["seq"], values["type"],
