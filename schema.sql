@@ -17,9 +17,10 @@
 --                     because every epoch change is itself an event.
 -- wal_events          the write-ahead log. (task_id, seq) primary key, seq contiguous from 1.
 --                     Append-only: triggers reject UPDATE, DELETE and TRUNCATE. The payload
---                     is the exact canonical JSON bytes the chain hash covers (bytea), so a
---                     verifier recomputes every hash from the row; wal_events_json shows it
---                     as jsonb for SQL audits.
+--                     is the exact canonical JSON bytes the chain hash covers (bytea), or,
+--                     from 256 bytes, a mark byte and a zstd frame of them (decision 71),
+--                     so a verifier recomputes every hash from the row and its predecessor's
+--                     hash; wal_events_json shows plain payloads as jsonb for SQL audits.
 -- wal_snapshots       derived checkpoints (task_id, seq) -> encoded AgentState; can always be
 --                     rebuilt from wal_events.
 -- wal_snapshot_segments  immutable pieces of the growing collections of snapshots (task_id,
@@ -1177,13 +1178,15 @@ $$;
 -- setting (keyed on wal.tenant alone, it saw none), and a superuser, whom row security
 -- does not filter, sees the tenant it names by SET wal.tenant and nothing without one.
 -- Defined after wal_event_key (version 5). A row stored compressed (decision 71) shows a
--- NULL payload here: its content is read through the engine (`wal-engine history --json`).
+-- NULL payload and payload_compressed true here: its content is read through the engine
+-- (`wal-engine history --json`, `verify`), which holds the zstd codec.
 CREATE OR REPLACE VIEW wal_events_json AS
     SELECT task_id, seq, type, version, epoch,
            wal_payload_json(payload) AS payload,
            wal_event_key(chain_version, type, task_id, seq, idempotency_key)
                AS idempotency_key,
-           encode(hash, 'hex') AS hash, recorded_at, tenant
+           encode(hash, 'hex') AS hash, recorded_at, tenant,
+           substring(payload FROM 1 FOR 1) = '\x01'::bytea AS payload_compressed
     FROM wal_events
     WHERE tenant = (SELECT coalesce(
         (SELECT m.tenant FROM wal_tenant_roles m

@@ -150,7 +150,9 @@ async def _check_upgraded(engine: Engine, head_hash: bytes) -> None:
     assert [r["idempotency_key"] for r in rows] == ["", ""]
     assert bytes(rows[0]["payload"]).startswith(blobs.ROW_MARK)
     audited = await engine.database.fetch(
-        "SELECT seq, idempotency_key FROM wal_events_json WHERE task_id = $1 ORDER BY seq",
-        TASK)
+        "SELECT seq, idempotency_key, payload, payload_compressed FROM wal_events_json"
+        " WHERE task_id = $1 ORDER BY seq", TASK)
     assert [(r["seq"], r["idempotency_key"]) for r in audited] == [
         (r.seq, r.idempotency_key) for r in history]
+    assert [r["payload_compressed"] for r in audited] == [False] * 4 + [True, False]
+    assert [r["payload"] is None for r in audited] == [False] * 4 + [True, False]
