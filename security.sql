@@ -279,17 +279,18 @@ BEGIN
     -- History and caps (issue 16 section of schema.sql) ----------------------------------
     -- The cap checks run inside wal_send_signal / wal_cancel_task (as the owner) and the
     -- budget trigger on the app role's INSERT: fixed path, no grant. The chain-2 hash and
-    -- the payload decoder of wal_events_json are the app role's to call, like
+    -- the payload and key decoders of wal_events_json are the app role's to call, like
     -- wal_event_hash (a view's functions run with the querying role's rights).
     FOR item IN
         SELECT p.oid::regprocedure AS signature, p.proname FROM pg_proc p
          WHERE p.pronamespace = schema_oid
-           AND p.proname IN ('wal_event_hash_v2', 'wal_payload_json', 'wal_check_signal',
+           AND p.proname IN ('wal_event_hash_v2', 'wal_payload_json', 'wal_event_key',
+                             'wal_check_signal',
                              'wal_count_signal', 'wal_check_cancel_text', 'wal_check_budget')
          ORDER BY 1
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', item.signature, fixed_path);
-        IF item.proname IN ('wal_event_hash_v2', 'wal_payload_json') THEN
+        IF item.proname IN ('wal_event_hash_v2', 'wal_payload_json', 'wal_event_key') THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', item.signature, app_role);
         END IF;
     END LOOP;

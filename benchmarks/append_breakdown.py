@@ -56,20 +56,18 @@ VALUES ($1, 'bench', 'RUNNING', 0, $2, 1)
 """
 
 EVENT_VALUES: Final = """
-INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-VALUES ($1, $2 + 1, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key, hash)
+VALUES ($1, $2 + 1, $3, $4, $5, $6, $7, $8)
 """
 
 EVENT_UNNEST: Final = """
-INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash)
-SELECT $1, $2 + e.ord, e.type, e.version, $3, e.payload, e.idempotency_key, e.prev_hash, e.hash
-  FROM unnest($4::text[], $5::int2[], $6::bytea[], $7::text[], $8::bytea[], $9::bytea[])
-       WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key, hash)
+SELECT $1, $2 + e.ord, e.type, e.version, $3, e.payload, e.idempotency_key, e.hash
+  FROM unnest($4::text[], $5::int2[], $6::bytea[], $7::text[], $8::bytea[])
+       WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
 """
 
-# A copy of wal_events with the seven CHECK constraints it had before decision 28 of
+# A copy of wal_events with six of the seven CHECK constraints it had before decision 28 of
 # docs/architecture.md: what they cost per insert (PostgreSQL rebuilds check expressions
 # at each inserting statement).
 CHECKED_TABLE: Final = "bench_events_checked"
@@ -78,7 +76,7 @@ CREATE TABLE IF NOT EXISTS {CHECKED_TABLE} (
     LIKE wal_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES,
     CHECK (length(tenant) BETWEEN 1 AND 64), CHECK (seq >= 1),
     CHECK (length(type) BETWEEN 1 AND 64), CHECK (version >= 1), CHECK (epoch >= 0),
-    CHECK (octet_length(prev_hash) = 32), CHECK (octet_length(hash) = 32)
+    CHECK (octet_length(hash) = 32)
 )
 """
 CHECKED_VALUES: Final = EVENT_VALUES.replace("INSERT INTO wal_events",
@@ -122,7 +120,6 @@ DECLARE
     total integer := cardinality(p_types);
     stamp timestamptz := now();
     hashes bytea[] := ARRAY[]::bytea[];
-    prevs bytea[] := ARRAY[]::bytea[];
     link bytea := p_prev_hash;
     i integer;
 BEGIN
@@ -154,7 +151,6 @@ BEGIN
            OR jsonb_typeof(convert_from(p_payloads[i], 'UTF8')::jsonb) <> 'object' THEN
             RAISE EXCEPTION 'event % of task % refused', i, p_task_id USING ERRCODE = 'WE008';
         END IF;
-        prevs := prevs || link;
         -- wal_event_hash_v2 written out: a SQL function called from PL/pgSQL is planned
         -- again in every transaction (measured: about 100 µs per call).
         link := sha256(link
@@ -171,11 +167,11 @@ BEGIN
     END LOOP;
     RETURN QUERY
     INSERT INTO wal_events AS w (task_id, seq, type, version, epoch, payload, idempotency_key,
-                                 prev_hash, hash, recorded_at, chain_version)
+                                 hash, recorded_at, chain_version)
     SELECT p_task_id, p_expected_seq + e.ord, e.type, e.version, p_epoch, e.payload, e.key,
-           e.prev, e.hash, stamp, 2
-      FROM unnest(p_types, p_versions, p_payloads, p_keys, prevs, hashes)
-               WITH ORDINALITY AS e(type, version, payload, key, prev, hash, ord)
+           e.hash, stamp, 2
+      FROM unnest(p_types, p_versions, p_payloads, p_keys, hashes)
+               WITH ORDINALITY AS e(type, version, payload, key, hash, ord)
     RETURNING w.seq, w.hash;
 END;
 $$"""
@@ -209,13 +205,13 @@ Arguments = Callable[[Chain, bytes], tuple[Any, ...]]
 
 
 def _event_values(c: Chain, payload: bytes) -> tuple[Any, ...]:
-    seq, previous, new = c.advance()
-    return (c.task_id, seq, EVENT_TYPE, 1, 1, payload, None, previous, new)
+    seq, _previous, new = c.advance()
+    return (c.task_id, seq, EVENT_TYPE, 1, 1, payload, None, new)
 
 
 def _event_unnest(c: Chain, payload: bytes) -> tuple[Any, ...]:
-    seq, previous, new = c.advance()
-    return (c.task_id, seq, 1, [EVENT_TYPE], [1], [payload], [None], [previous], [new])
+    seq, _previous, new = c.advance()
+    return (c.task_id, seq, 1, [EVENT_TYPE], [1], [payload], [None], [new])
 
 
 def _observe_one(c: Chain, payload: bytes) -> tuple[Any, ...]:

@@ -88,7 +88,7 @@ PAYLOAD_PAD: Final = "x" * 300
 TARGET_RATIO: Final = 1.25
 
 EVENT_COLUMNS: Final = ("tenant", "task_id", "seq", "type", "version", "epoch", "payload",
-                        "idempotency_key", "prev_hash", "hash", "recorded_at", "chain_version")
+                        "idempotency_key", "hash", "recorded_at", "chain_version")
 TASK_COLUMNS: Final = ("tenant", "task_id", "agent", "status", "head_seq", "head_hash",
                        "lease_owner", "lease_epoch", "lease_expires_at", "wake_at", "attempts",
                        "created_at", "started_at", "updated_at")
@@ -152,7 +152,7 @@ class Filler:
             digest = event_hash_v2(prev, task_id, seq, kind_name, version, epoch, stamp, None,
                                    payload)
             self.events.append((TENANT, task_id, seq, kind_name, version, epoch, payload, None,
-                                prev, digest, stamp, 2))
+                                digest, stamp, 2))
             prev = digest
         status = {"queued": "QUEUED", "waiting": "WAITING", "running": "RUNNING",
                   "done": "COMPLETED"}[kind]

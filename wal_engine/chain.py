@@ -6,7 +6,14 @@ bytes of the event's payload (``bytea``) and ``header`` depends on the row's cha
 * version 1: the UTF-8 text ``"{task_id}\\n{seq}\\n{type}\\n{version}\\n{epoch}\\n"``;
 * version 2 (:func:`event_hash_v2`) also covers ``recorded_at`` (microseconds since the Unix
   epoch) and the idempotency key, each free-text field length-prefixed:
-  ``"2\\n{len}:{task_id}\\n{seq}\\n{len}:{type}\\n{version}\\n{epoch}\\n{µs}\\n{len}:{key}|-\\n"``.
+  ``"2\\n{len}:{task_id}\\n{seq}\\n{len}:{type}\\n{version}\\n{epoch}\\n{µs}\\n{len}:{key}|-\\n"``;
+* version 3 (decision 71) hashes what version 2 does, tagged ``3``; its rows store the
+  idempotency key only when it is not the intent's own (:func:`stored_key`), and the
+  key the hash covers is the derived one (:func:`effective_key`).
+
+``payload`` is the row's content: a row stored as a zstd frame (``wal_engine.blobs``,
+decision 71) is hashed as the bytes it decompresses to. A row does not store its
+predecessor's hash (schema version 5): ``hash_{n-1}`` is the previous row's stored hash.
 
 The genesis ``hash_0`` is 32 zero bytes. The same functions exist in SQL (``wal_event_hash``
 and ``wal_event_hash_v2`` in ``schema.sql``) for events the database writes itself (claims,
@@ -26,12 +33,17 @@ from typing import Final, Protocol
 import msgspec
 
 from wal_engine.errors import WalError
+from wal_engine.ids import idempotency_key as intent_key
 from wal_engine.state_machine import TERMINAL, Status, is_legal
 
 GENESIS_HASH: Final = bytes(32)
 
-CHAIN_VERSION: Final = 2
-"""The chain version the engine writes; rows of version 1 still verify under theirs."""
+CHAIN_VERSION: Final = 3
+"""The chain version the engine writes; rows of versions 1 and 2 still verify under theirs
+(the database's own events are written as version 2 by ``wal_emit``)."""
+
+KEYED_EVENT_TYPES: Final = frozenset({"tool_call_intended", "llm_call_intended"})
+"""The events that carry an idempotency key (a test checks them against the vocabulary)."""
 
 EPOCH_EVENT_TYPES: Final = frozenset({"task_claimed", "task_resumed", "task_orphaned",
                                       "task_cancelled"})
@@ -85,19 +97,64 @@ def event_hash_v2(
     return digest.digest()
 
 
+def event_hash_v3(
+    prev_hash: bytes,
+    task_id: str,
+    seq: int,
+    event_type: str,
+    version: int,
+    epoch: int,
+    recorded_at: dt.datetime,
+    idempotency_key: str | None,
+    payload: bytes,
+) -> bytes:
+    """Return the chain hash (version 3) of one event: version 2's, tagged ``3``; the key is
+    the event's own (:func:`effective_key`), whether or not its row stores it."""
+    task = task_id.encode()
+    kind = event_type.encode()
+    key = b"-" if idempotency_key is None else \
+        b"%d:%s" % (len(idempotency_key.encode()), idempotency_key.encode())
+    digest = hashlib.sha256(prev_hash)
+    digest.update(b"3\n%d:%s\n%d\n%d:%s\n%d\n%d\n%d\n%s\n" % (
+        len(task), task, seq, len(kind), kind, version, epoch, microseconds(recorded_at), key))
+    digest.update(payload)
+    return digest.digest()
+
+
+def stored_key(task_id: str, seq: int, event_type: str, key: str | None) -> str | None:
+    """What a row of chain version 3 stores of its event's idempotency key: ``''`` for none
+    and for an intent's own key (``idem:<task>:<seq>``, derived on read), else the key (a
+    retry's intent reuses its call's first key). ``''`` rather than NULL: a row with no NULL
+    column has no null bitmap (8 bytes a row)."""
+    if key is None:
+        return "" if event_type not in KEYED_EVENT_TYPES else None
+    if event_type in KEYED_EVENT_TYPES and key == intent_key(task_id, seq):
+        return ""
+    return key
+
+
+def effective_key(chain_version: int, task_id: str, seq: int, event_type: str,
+                  stored: str | None) -> str | None:
+    """The idempotency key of a stored row (the inverse of :func:`stored_key`; rows of
+    versions 1 and 2 store theirs as it is). ``wal_event_key`` in schema.sql is the same."""
+    if chain_version < 3 or stored != "":
+        return stored
+    return intent_key(task_id, seq) if event_type in KEYED_EVENT_TYPES else None
+
+
 def row_hash(prev_hash: bytes, row: ChainRow) -> bytes:
     """Recompute a stored row's hash under its own chain version."""
     version = getattr(row, "chain_version", 1)
     # A row whose large values live in wal_blobs: the hash covers its own bytes (their
     # digests), not the expanded payload.
     payload = getattr(row, "row_payload", None) or row.payload
-    if version == 2:
+    if version in (2, 3):
         recorded_at = getattr(row, "recorded_at", None)
         if recorded_at is None:
-            return b""  # A version-2 row without its time cannot be checked: it fails.
-        return event_hash_v2(prev_hash, row.task_id, row.seq, row.type, row.version,
-                             row.epoch, recorded_at, getattr(row, "idempotency_key", None),
-                             payload)
+            return b""  # A row of version 2 or 3 without its time cannot be checked: it fails.
+        function = event_hash_v2 if version == 2 else event_hash_v3
+        return function(prev_hash, row.task_id, row.seq, row.type, row.version, row.epoch,
+                        recorded_at, getattr(row, "idempotency_key", None), payload)
     if version != 1:
         return b""
     return event_hash(prev_hash, row.task_id, row.seq, row.type, row.version, row.epoch,
@@ -127,8 +184,6 @@ class ChainRow(StoredEvent, Protocol):
     def task_id(self) -> str: ...
     @property
     def epoch(self) -> int: ...
-    @property
-    def prev_hash(self) -> bytes: ...
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,7 +191,7 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
 
     seq: int
     kind: str
-    """One of: gap, prev_hash, hash, epoch, unknown_type, transition, head; and, from the
+    """One of: gap, hash, epoch, unknown_type, transition, head; and, from the
     semantic checks (:mod:`wal_engine.verification`): after_terminal, semantics (the event
     is impossible where it stands, or its payload does not decode into its type), seq (a
     row outside 1..head), orphan (events of a task with no task row); blob (a large value
@@ -162,10 +217,10 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
 class ChainVerifier:
     """Incremental verifier: feed rows in seq order, read the first violation.
 
-    Checks contiguous seqs from 1, ``prev_hash`` linkage, the recomputed hash (under each
-    row's chain version), epochs (never decreasing, changed only by the events that take or
-    break a lease, by one), nothing after a terminal event, and legal status moves. Stops
-    checking at the first violation.
+    Checks contiguous seqs from 1, the recomputed hash (under each row's chain version, from
+    the previous row's hash: what links each row to its predecessor), epochs (never
+    decreasing, changed only by the events that take or break a lease, by one), nothing
+    after a terminal event, and legal status moves. Stops checking at the first violation.
     """
 
     def __init__(self, task_id: str) -> None:
@@ -193,8 +248,6 @@ class ChainVerifier:
         seq = row.seq
         if seq != self.last_seq + 1:
             return Violation(seq=self.last_seq + 1, kind="gap", detail=f"next stored seq is {seq}")
-        if row.prev_hash != self.last_hash:
-            return Violation(seq=seq, kind="prev_hash", detail="prev_hash does not link")
         if row.task_id != self.task_id or row_hash(self.last_hash, row) != row.hash:
             return Violation(seq=seq, kind="hash", detail="stored hash does not match content")
         if self.status in TERMINAL:

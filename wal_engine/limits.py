@@ -28,6 +28,12 @@ blob_chunk_bytes: Final = 1024 * 1024
 """Uncompressed bytes of a large value per ``wal_blobs`` row (one zstd frame each): what a
 read or write holds of it at a time on the wire and in the database."""
 
+row_compress_bytes_min: Final = 256
+"""An event row this long or longer is stored as one zstd frame of its bytes when the frame
+is shorter (decision 71): a tool step's intent and result rows shrink by 40-60%; the
+events the database writes itself, and most status moves, stay shorter and plain."""
+
+
 blob_bytes_per_task_max: Final = 4 * 1024 * 1024 * 1024
 """The database's cap on the stored (compressed) bytes of one task's large values (4 GiB;
 the trigger ``wal_count_blob_bytes`` of ``schema.sql``)."""

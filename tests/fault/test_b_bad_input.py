@@ -262,9 +262,9 @@ async def _plant(engine: Engine, task_id: str, event_type: str, version: int,
     digest = event_hash(head.head_hash, task_id, head.head_seq + 1, event_type, version, epoch,
                         payload)
     await engine.database.fetch(
-        "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        task_id, head.head_seq + 1, event_type, version, epoch, payload, head.head_hash, digest)
+        "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        task_id, head.head_seq + 1, event_type, version, epoch, payload, digest)
 
 
 @pytest.mark.timeout(120)

@@ -57,7 +57,7 @@ async def test_submit_tasks_history_and_show_in_json(engine: Engine) -> None:
     assert history[0]["type"] == "task_submitted" and history[-1]["type"] == "task_completed"
     assert history[0]["payload"]["input"] == {"q": "why"}
     assert set(history[0]) == {"task_id", "seq", "type", "version", "epoch", "recorded_at",
-                               "idempotency_key", "prev_hash", "hash", "payload"}
+                               "idempotency_key", "hash", "payload"}
     window = lines((await cli("history", "cli-1", "--from", "3", "--to", "4", "--dsn", dsn,
                               "--json")).stdout)
     assert [e["seq"] for e in window] == [3, 4]

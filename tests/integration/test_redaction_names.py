@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from wal_engine import blobs
 from wal_engine.engine import connect
 from wal_engine.runtime.context import AgentContext, LlmResponse
 from wal_engine.runtime.replayer import replay_events
@@ -34,13 +35,16 @@ async def _stored_rows(dsn: str) -> str:
     names, as one text."""
     connection = await asyncpg.connect(dsn)
     try:
-        events = await connection.fetch("SELECT payload FROM wal_events LIMIT 100000")
+        events = await connection.fetch(
+            "SELECT task_id, payload FROM wal_events LIMIT 100000")
         signals = await connection.fetch(
             "SELECT name, dedup_key, payload FROM wal_signals LIMIT 100000")
         tasks = await connection.fetch("SELECT waiting_signal FROM wal_tasks LIMIT 1000")
     finally:
         await connection.close()
-    parts = [bytes(row["payload"]).decode() for row in events]
+    # A compressed row (decision 71) is searched in its content, as any reader sees it.
+    parts = [blobs.decompress_row(bytes(row["payload"]), row["task_id"]).decode()
+             for row in events]
     for row in signals:
         parts += [row["name"], row["dedup_key"] or "", bytes(row["payload"]).decode()]
     parts += [row["waiting_signal"] or "" for row in tasks]

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 
 from tests.secret_samples import EVASIONS, FORMATS, STRUCTURED_EVASIONS
+from wal_engine import blobs
 from wal_engine.engine import connect
 from wal_engine.runtime.context import AgentContext, ToolError
 from wal_engine.state_machine import Status
@@ -27,12 +28,15 @@ async def _stored_text(dsn: str) -> str:
     """Every stored payload, signal name, dedup key and cancel field, as one text."""
     connection = await asyncpg.connect(dsn)
     try:
-        events = await connection.fetch("SELECT payload FROM wal_events LIMIT 100000")
+        events = await connection.fetch(
+            "SELECT task_id, payload FROM wal_events LIMIT 100000")
         signals = await connection.fetch(
             "SELECT name, dedup_key, payload FROM wal_signals LIMIT 100000")
     finally:
         await connection.close()
-    parts = [bytes(row["payload"]).decode() for row in events]
+    # A compressed row (decision 71) is searched in its content, as any reader sees it.
+    parts = [blobs.decompress_row(bytes(row["payload"]), row["task_id"]).decode()
+             for row in events]
     for row in signals:
         parts += [row["name"], row["dedup_key"] or "", bytes(row["payload"]).decode()]
     return "\n".join(parts)

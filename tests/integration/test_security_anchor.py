@@ -107,9 +107,9 @@ async def _rewrite_chain(store: Store, task_id: str, from_seq: int) -> None:
         if record.seq == from_seq:
             payload = payload.replace(b"message", b"MESSAGE")
         digest = row_hash(previous, msgspec.structs.replace(record, payload=payload))
-        statements.append(("UPDATE wal_events SET payload = $3, prev_hash = $4, hash = $5"
+        statements.append(("UPDATE wal_events SET payload = $3, hash = $4"
                            " WHERE task_id = $1 AND seq = $2",
-                           (task_id, record.seq, payload, previous, digest)))
+                           (task_id, record.seq, payload, digest)))
         previous = digest
     await _tamper(store.database, *statements)
 

@@ -151,8 +151,8 @@ async def test_s15_event_bounds_hold_for_every_writer(app_engine: Engine) -> Non
     ceilings."""
     await app_engine.submit("agent", None, task_id="e1")
     before = await log_snapshot(app_engine.database)
-    insert = ("INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash,"
-              " hash) VALUES ('e1', $1, 'message_appended', 1, 0, $2, $3, $3)")
+    insert = ("INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash)"
+              " VALUES ('e1', $1, 'message_appended', 1, 0, $2, $3)")
     for seq, payload in ((limits.events_per_task_ceiling + 1, b"{}"),
                          (2, b"{" + b" " * limits.row_payload_bytes_ceiling + b"}")):
         error = await _sql_error(app_engine, insert, seq, payload, bytes(32))

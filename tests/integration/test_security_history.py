@@ -23,8 +23,8 @@ from wal_engine.store import Database, Store
 
 FORGE: str = """
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash, recorded_at, chain_version)
-VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, $9, 2)
+                        hash, recorded_at, chain_version)
+VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, 2)
 """
 
 LAST: str = """
@@ -53,8 +53,8 @@ async def _forge(connection: asyncpg.Connection, task_id: str, event_type: str,
     epoch = (0 if last is None else int(last["epoch"])) if epoch is None else epoch
     stamp = recorded_at or dt.datetime.now(dt.UTC)
     digest = event_hash_v2(previous, task_id, seq, event_type, 1, epoch, stamp, key, payload)
-    await connection.execute(FORGE, task_id, seq, event_type, epoch, payload, key, previous,
-                             digest, stamp)
+    await connection.execute(FORGE, task_id, seq, event_type, epoch, payload, key, digest,
+                             stamp)
     return seq
 
 
@@ -204,7 +204,7 @@ async def test_s13_backdated_recorded_at_is_named(app_engine: Engine) -> None:
 async def test_s13_rewritten_time_or_key_breaks_the_chain(
         app_engine: Engine, database_dsn: str, column: str, value: Any) -> None:
     """A superuser who rewrites an event's recorded_at or idempotency key (the triggers
-    disabled) breaks its hash: chain version 2 covers both."""
+    disabled) breaks its hash: chain version 3 covers both."""
     store = app_engine.store
     head_seq = await running_task(app_engine, "rewritten")
     admin = await asyncpg.connect(database_dsn)
@@ -218,18 +218,20 @@ async def test_s13_rewritten_time_or_key_breaks_the_chain(
     assert await _violation(store, "rewritten") == (head_seq, "hash")
 
 
-async def test_s13_every_engine_written_event_is_chain_version_2(app_engine: Engine) -> None:
-    """Submissions, claims (written by the database), observations and status moves are all
-    of chain version 2, and verify accepts the honest history."""
+async def test_s13_every_engine_written_event_covers_time_and_key(app_engine: Engine) -> None:
+    """Submissions, observations and status moves are of chain version 3 (decision 71),
+    claims (written by the database) of version 2: both cover the time and the key; verify
+    accepts the honest history."""
     store, database = app_engine.store, app_engine.database
     await running_task(app_engine, "honest")
     head = await store.read_head("honest")
     await store.append_events("honest", [ev.StepCheckpointed(step=1), ev.StepStarted(step=2)],
                               epoch=head.lease_epoch, expected_seq=head.head_seq,
                               prev_hash=head.head_hash)
-    versions = await database.fetch("SELECT DISTINCT chain_version FROM wal_events"
+    versions = await database.fetch("SELECT type, chain_version FROM wal_events"
                                     " WHERE task_id = $1", "honest")
-    assert [r["chain_version"] for r in versions] == [2]
+    assert {(r["type"] == "task_claimed", r["chain_version"]) for r in versions} == {
+        (True, 2), (False, 3)}
     assert (await store.verify_task("honest")).ok
 
 

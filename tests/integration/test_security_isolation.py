@@ -188,11 +188,11 @@ async def _attack_as_b(connection: asyncpg.Connection) -> dict[str, Any]:
         "save snapshot": "SELECT * FROM wal_save_snapshot('a-task', 2, '\\x00', 4::int2, 1,"
                          " '{}', '{}', '{}', '{}', '{}')",
         "insert event": "INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch,"
-                        " payload, prev_hash, hash) VALUES ('tenant-a', 'a-task', 99,"
-                        " 'task_completed', 1, 1, '\\x7b7d', '\\x00', '\\x00')",
+                        " payload, hash) VALUES ('tenant-a', 'a-task', 99,"
+                        " 'task_completed', 1, 1, '\\x7b7d', '\\x00')",
         "insert event (default tenant)": "INSERT INTO wal_events (task_id, seq, type,"
-                        " version, epoch, payload, prev_hash, hash) VALUES ('a-task', 99,"
-                        " 'task_completed', 1, 1, '\\x7b7d', '\\x00', '\\x00')",
+                        " version, epoch, payload, hash) VALUES ('a-task', 99,"
+                        " 'task_completed', 1, 1, '\\x7b7d', '\\x00')",
         "insert task": "INSERT INTO wal_tasks (tenant, task_id, agent, status, head_seq,"
                        " head_hash) VALUES ('tenant-a', 'evil', 'echo', 'QUEUED', 1,"
                        " decode(repeat('00', 32), 'hex'))",
@@ -570,8 +570,8 @@ async def test_forged_rows_in_the_own_log_are_named_by_verify(
                                        server_settings={"wal.tenant": TENANT_B})
     try:
         await connection.execute(
-            "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash,"
-            " hash) VALUES ('b-task', 2, 'task_completed', 1, 0, '\\x7b7d', '\\x00', '\\x00')")
+            "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash)"
+            " VALUES ('b-task', 2, 'task_completed', 1, 0, '\\x7b7d', '\\x00')")
     finally:
         await connection.close()
     report = await b.store.verify_task("b-task")

@@ -197,13 +197,13 @@ async def test_s3_append_rejects_stale_epoch_gap_duplicate_illegal(app_dsn: str,
         with pytest.raises(DuplicateRow) as duplicate:
             await database.fetch(
                 "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, "
-                "prev_hash, hash) VALUES ($1, $2, 'message_appended', 1, 1, '{}', $3, $3)",
+                "hash) VALUES ($1, $2, 'message_appended', 1, 1, '{}', $3)",
                 "s3-task", accepted.head_seq, bytes(32))
         assert isinstance(duplicate.value.__cause__, asyncpg.UniqueViolationError)
         await database.fetch(
-            "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash,"
-            " hash) VALUES ($1, $2, 'message_appended', 1, $3, '{}', $4, $5)",
-            "s3-task", accepted.head_seq + 1, head.lease_epoch, accepted.head_hash, bytes(32))
+            "INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash)"
+            " VALUES ($1, $2, 'message_appended', 1, $3, '{}', $4)",
+            "s3-task", accepted.head_seq + 1, head.lease_epoch, bytes(32))
         report = await store.verify_task("s3-task")
         assert report.violation is not None and report.violation.seq == accepted.head_seq + 1
     finally:

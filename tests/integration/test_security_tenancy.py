@@ -217,9 +217,8 @@ async def test_s4_cross_tenant_reads_and_writes_see_and_change_nothing(
             assert await connection.fetchval(
                 f"SELECT count(*) FROM {table} WHERE tenant = $1", TENANT_A) == 0, table
         # Row security: writing A's rows is refused (42501) or reaches none.
-        event_columns = ("(tenant, task_id, seq, type, version, epoch, payload, prev_hash, hash)"
-                         " VALUES ($1, 'a-task', 99, 'message_appended', 1, 1, '\\x7b7d', "
-                         "$2, $2)")
+        event_columns = ("(tenant, task_id, seq, type, version, epoch, payload, hash)"
+                         " VALUES ($1, 'a-task', 99, 'message_appended', 1, 1, '\\x7b7d', $2)")
         refused = {
             "INSERT INTO wal_events " + event_columns: (TENANT_A, bytes(32)),
             "INSERT INTO wal_tasks (tenant, task_id, agent, status, head_seq, head_hash) "
@@ -489,10 +488,9 @@ async def test_hot_statements_probe_the_primary_keys(
                    generate_series(1, 3000) AS i""")
         await admin.execute("ALTER TABLE wal_tasks ENABLE TRIGGER USER")
         await admin.execute("""
-            INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch, payload,
-                                    prev_hash, hash)
+            INSERT INTO wal_events (tenant, task_id, seq, type, version, epoch, payload, hash)
             SELECT t.tenant, t.task_id, s, 'message_appended', 1, 1, '{}'::bytea,
-                   decode(repeat('00', 32), 'hex'), decode(repeat('00', 32), 'hex')
+                   decode(repeat('00', 32), 'hex')
               FROM wal_tasks t, generate_series(1, 5) AS s WHERE t.task_id LIKE 'bulk-%'""")
         await admin.execute("ANALYZE")
         empty = {row["relname"] for row in await admin.fetch(
@@ -504,12 +502,12 @@ async def test_hot_statements_probe_the_primary_keys(
     try:
         await connection.execute("SET plan_cache_mode = force_generic_plan")
         args = ("a-task", 1, 2, bytes(32))
-        arrays = (["message_appended"], [1], [b"{}"], [None], [bytes(32)], [bytes(32)])
-        stamp = dt.datetime.now(dt.UTC)  # recorded_at: chain version 2 covers it
+        arrays = (["message_appended"], [1], [b"{}"], [""], [bytes(32)])
+        stamp = dt.datetime.now(dt.UTC)  # recorded_at: chain version 3 covers it
         plans = {
             "READ_HEAD": (queries.READ_HEAD, ("a-task",)),
             "READ_EVENTS": (queries.READ_EVENTS, ("a-task", 1, 10, 10)),
-            "OBSERVE_ONE": (queries.OBSERVE_ONE, (*args, "message_appended", 1, b"{}", None,
+            "OBSERVE_ONE": (queries.OBSERVE_ONE, (*args, "message_appended", 1, b"{}", "",
                                                   bytes(32), stamp)),
             "OBSERVE_MANY": (queries.OBSERVE_MANY, (*args, *arrays, stamp)),
             "TRANSITION": (queries.TRANSITION, (*args, *arrays, "RUNNING", None, None, None,

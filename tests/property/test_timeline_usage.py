@@ -13,7 +13,6 @@ from replay.state import AgentState
 from tests.strategies import chained, histories
 from wal_engine import events as ev
 from wal_engine.audit.timeline import UsageFold, build_model, render_page
-from wal_engine.chain import GENESIS_HASH
 from wal_engine.store import EventRecord
 
 TASK = "task-1"
@@ -23,13 +22,11 @@ T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 def records_of(history: list[tuple[int, ev.Event]]) -> list[EventRecord]:
     """The history as stored rows (chain hashes, one millisecond apart)."""
     rows: list[EventRecord] = []
-    previous = GENESIS_HASH
     for seq, event, digest in chained(TASK, history):
         kind, version, payload = ev.encode_event(event)
         rows.append(EventRecord(task_id=TASK, seq=seq, type=kind, version=version, epoch=0,
-                                payload=payload, idempotency_key=None, prev_hash=previous,
-                                hash=digest, recorded_at=T0 + dt.timedelta(milliseconds=seq)))
-        previous = digest
+                                payload=payload, idempotency_key=None, hash=digest,
+                                recorded_at=T0 + dt.timedelta(milliseconds=seq)))
     return rows
 
 

@@ -27,9 +27,9 @@ HEAD = TaskHead(task_id="t-1", agent="a", status=Status.WAITING, head_seq=7,
                 agent_version="v9")
 RECORD = EventRecord(task_id="t-1", seq=2, type="task_claimed", version=1, epoch=3,
                      payload=b'{"worker_id":"w-1","attempt":1}', idempotency_key=None,
-                     prev_hash=b"\x00" * 32, hash=b"\xff" * 32, recorded_at=T0, chain_version=2)
+                     hash=b"\xff" * 32, recorded_at=T0, chain_version=2)
 BAD = EventRecord(task_id="t-1", seq=3, type="x", version=1, epoch=0, payload=b"\x01\x02",
-                  idempotency_key="k", prev_hash=b"\x01", hash=b"\x02")
+                  idempotency_key="k", hash=b"\x02")
 HISTORY = [
     ev.TaskSubmitted(agent="a", input={"q": 1}, budget=ev.Budget(max_tokens=100)),
     ev.TaskClaimed(worker_id="w", attempt=1),

@@ -39,11 +39,11 @@ def test_head_json_is_every_field_of_the_head() -> None:
 def test_event_json_keeps_its_keys_and_decodes_the_payload() -> None:
     assert printed(render.event_json(s.RECORD)) == {
         "task_id": "t-1", "seq": 2, "type": "task_claimed", "version": 1, "epoch": 3,
-        "recorded_at": T0, "idempotency_key": None, "prev_hash": "00" * 32,
-        "hash": "ff" * 32, "payload": {"worker_id": "w-1", "attempt": 1}}
+        "recorded_at": T0, "idempotency_key": None, "hash": "ff" * 32,
+        "payload": {"worker_id": "w-1", "attempt": 1}}
     assert printed(render.event_json(s.BAD)) == {
         "task_id": "t-1", "seq": 3, "type": "x", "version": 1, "epoch": 0,
-        "recorded_at": None, "idempotency_key": "k", "prev_hash": "01", "hash": "02",
+        "recorded_at": None, "idempotency_key": "k", "hash": "02",
         "payload": {"undecodable_payload_hex": "0102"}}
 
 

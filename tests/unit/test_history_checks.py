@@ -35,8 +35,8 @@ def _history(events: list[tuple[ev.Event, int]], *, start: dt.datetime = STAMP,
             if chain_version == 2 else event_hash(previous, "t", seq, kind, version, epoch,
                                                   payload)
         rows.append(EventRecord(task_id="t", seq=seq, type=kind, version=version, epoch=epoch,
-                                payload=payload, idempotency_key=key, prev_hash=previous,
-                                hash=digest, recorded_at=stamp, chain_version=chain_version))
+                                payload=payload, idempotency_key=key, hash=digest,
+                                recorded_at=stamp, chain_version=chain_version))
         previous = digest
     return rows
 
@@ -48,7 +48,6 @@ def _rehash(rows: list[EventRecord], index: int, **changes: object) -> list[Even
     for row in rows[index:]:
         if row is rows[index]:
             row = msgspec.structs.replace(row, **changes)  # type: ignore[arg-type]
-        row = msgspec.structs.replace(row, prev_hash=previous)
         row = msgspec.structs.replace(row, hash=row_hash(previous, row))
         out.append(row)
         previous = row.hash

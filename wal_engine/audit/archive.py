@@ -9,9 +9,11 @@ An archive is JSON lines, one object per line, each with a ``kind``:
 * ``blob``: a chunk of one of the task's large values as stored in ``wal_blobs`` (digest,
   ordinal, value_bytes, the zstd frame in base64);
 * ``event``: one row of ``wal_events`` as stored: seq, type, version, epoch, chain
-  version, recorded_at (ISO 8601, microseconds), idempotency key, prev_hash and hash
-  (hex) and the payload: the row's exact bytes as UTF-8 text (``payload``), or base64
-  (``payload_b64``) for bytes that are not UTF-8;
+  version, recorded_at (ISO 8601, microseconds), idempotency key (the event's own, also
+  where its row derives it), hash (hex; archives written before schema version 5 also
+  hold each row's prev_hash, which nothing reads: the previous line's hash is) and the
+  payload: the row's exact bytes (a compressed row's content, decision 71) as UTF-8 text
+  (``payload``), or base64 (``payload_b64``) for bytes that are not UTF-8;
 * ``anchor`` (last line): an anchor (:mod:`wal_engine.audit.anchor`) over the archived
   tasks' heads, signed when the run had a key.
 
@@ -117,8 +119,7 @@ def event_line(record: EventRecord) -> bytes:
         "chain_version": record.chain_version,
         "recorded_at": None if record.recorded_at is None else
         record.recorded_at.astimezone(dt.UTC).isoformat(),
-        "idempotency_key": record.idempotency_key, "prev_hash": record.prev_hash.hex(),
-        "hash": record.hash.hex()}
+        "idempotency_key": record.idempotency_key, "hash": record.hash.hex()}
     try:
         fields["payload"] = stored.decode("utf-8")
     except UnicodeDecodeError:
@@ -338,8 +339,7 @@ def _record(fields: dict[str, Any]) -> EventRecord:
     return EventRecord(
         task_id=fields["task_id"], seq=int(fields["seq"]), type=fields["type"],
         version=int(fields["version"]), epoch=int(fields["epoch"]), payload=payload,
-        idempotency_key=fields["idempotency_key"], prev_hash=bytes.fromhex(fields["prev_hash"]),
-        hash=bytes.fromhex(fields["hash"]),
+        idempotency_key=fields["idempotency_key"], hash=bytes.fromhex(fields["hash"]),
         recorded_at=None if stamp is None else dt.datetime.fromisoformat(stamp),
         chain_version=int(fields["chain_version"]))
 

@@ -164,23 +164,20 @@ WITH task AS (
     RETURNING task_id
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                            prev_hash, hash)
-    SELECT task.task_id, e.ord, e.type, e.version, 0, e.payload, e.idempotency_key,
-           e.prev_hash, e.hash
+                            hash)
+    SELECT task.task_id, e.ord, e.type, e.version, 0, e.payload, e.idempotency_key, e.hash
       FROM task,
-           unnest($11::text[], $12::int2[], $13::bytea[], $14::text[], $15::bytea[],
-                  $16::bytea[])
-               WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash,
-                                    ord)
+           unnest($11::text[], $12::int2[], $13::bytea[], $14::text[], $15::bytea[])
+               WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
     RETURNING 1
 ), blobs AS (
-    -- The parent's large values the copied rows refer to ($17), copied for the child: a
+    -- The parent's large values the copied rows refer to ($16), copied for the child: a
     -- task's rows refer only to its own wal_blobs rows.
     INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)
     SELECT task.task_id, b.digest, b.ordinal, b.value_bytes, b.data
       FROM task, wal_blobs b
      WHERE b.tenant = current_setting('wal.tenant', true) AND b.task_id = $8
-       AND b.digest = ANY ($17::bytea[])
+       AND b.digest = ANY ($16::bytea[])
     RETURNING 1
 ), wake AS (
     SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
@@ -358,13 +355,15 @@ async def read_state(
     known = SnapshotSegments()
     start = _snapshot_state(task_id, head, rows[:first], known)
     builder = StateBuilder(start, task_id=task_id, registry=registry)
-    builder.extend(_decoded(await _with_values(database, task_id, items), registry))
+    builder.extend(_decoded(await _with_values(database, task_id, items), registry,
+                                task_id))
     folded, round_trips = len(items), 1
     head_seq: int = head["head_seq"]
     while len(items) == page_events and builder.last_seq < head_seq:
         items = await database.fetch(READ_TAIL, task_id, builder.last_seq, head_seq,
                                      page_events, task_id=task_id)
-        builder.extend(_decoded(await _with_values(database, task_id, items), registry))
+        builder.extend(_decoded(await _with_values(database, task_id, items), registry,
+                                task_id))
         folded, round_trips = folded + len(items), round_trips + 1
     state = builder.finish()
     _check_head(state, head)
@@ -386,12 +385,14 @@ def _seq_of(row: Any) -> int:
 
 
 def _decoded(
-    items: list[Any], registry: UpcasterRegistry
+    items: list[Any], registry: UpcasterRegistry, task_id: str
 ) -> Iterator[tuple[int, vocabulary.Event, bytes]]:
     """Decode rows lazily, so that decoding runs inside the fold's GC pause."""
     for row in items:
         seq = row[0]
-        yield seq, registry.decode_record(row[1], row[2], row[3], seq), row[4]
+        # A compressed row (decision 71) is decoded from its content.
+        payload = blobs.readable_row(row[3], task_id)
+        yield seq, registry.decode_record(row[1], row[2], payload, seq), row[4]
 
 
 def _snapshot_state(task_id: str, row: Any, segment_rows: list[Any],
@@ -438,7 +439,6 @@ class _ChildHistory:
         self.versions: list[int] = []
         self.payloads: list[bytes] = []
         self.keys: list[str | None] = []
-        self.prev_hashes: list[bytes] = []
         self.hashes: list[bytes] = []
         self.path: list[str] = []
         self.blob_digests: list[bytes] = []
@@ -453,9 +453,9 @@ class _ChildHistory:
         self.builder.apply(event, seq=seq, event_hash=digest)
         self.types.append(kind)
         self.versions.append(version)
-        self.payloads.append(payload)
+        # Stored compressed when that pays (decision 71); the hash covers the content.
+        self.payloads.append(blobs.compress_row(payload, self.task_id))
         self.keys.append(key)
-        self.prev_hashes.append(previous)
         self.hashes.append(digest)
         target = type(event).TARGET_STATUS
         if target is not None and seq > 1:
@@ -535,8 +535,8 @@ async def _insert_child(database: Database, child: _ChildHistory, task_id: str,
     row = await database.fetchrow(
         FORK_TASK, child.task_id, state.agent, state.status.value, child.path or None,
         state.last_seq, state.last_hash, budget.decode(), task_id, at_seq, state.attempts,
-        child.types, child.versions, child.payloads, child.keys, child.prev_hashes,
-        child.hashes, sorted(set(child.blob_digests)), task_id=child.task_id,
+        child.types, child.versions, child.payloads, child.keys, child.hashes,
+        sorted(set(child.blob_digests)), task_id=child.task_id,
     )
     if row is None or row["events"] != len(child.types):
         raise TaskAlreadyExists(child.task_id)

@@ -68,27 +68,29 @@ SELECT tenant, enabled FROM wal_tenant_roles WHERE role_name = session_user
 
 # Submission: the task row and its first event (seq 1) in one statement. An existing task
 # id yields no row; the caller then reads seq 1 back to decide between "same submission"
-# (idempotent) and "different task under the same id". The queue ($13) must be 'default' or
+# (idempotent) and "different task under the same id". The queue ($12) must be 'default' or
 # a configured one (queue_known false: nothing written); a live task of the queue with the
-# same dedup id ($16) makes the INSERT fail on wal_tasks_dedup (23505), writing nothing.
+# same dedup id ($15) makes the INSERT fail on wal_tasks_dedup (23505), writing nothing.
+# Engine-written events are of chain version 3 (decision 71: no previous hash stored, the
+# key '' when none or derived).
 CREATE_TASK: Final = """
 WITH queue AS (
-    SELECT ($13::text = 'default'
+    SELECT ($12::text = 'default'
             OR EXISTS (SELECT 1 FROM wal_queues q
                         WHERE q.tenant = current_setting('wal.tenant', true)
-                          AND q.queue = $13::text)) AS known
+                          AND q.queue = $12::text)) AS known
 ), task AS (
     INSERT INTO wal_tasks (task_id, agent, status, head_seq, head_hash, budget,
                            parent_task_id, parent_seq, agent_version, queue, priority,
                            partition_key, dedup_id)
-    SELECT $1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9, $11, $13, $14, $15, $16
+    SELECT $1, $2, 'QUEUED', 1, $6, $7::jsonb, $8, $9, $10, $12, $13, $14, $15
       FROM queue WHERE queue.known
     ON CONFLICT (tenant, task_id) DO NOTHING
     RETURNING task_id
 ), event AS (
-    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash,
-                            recorded_at, chain_version)
-    SELECT task.task_id, 1, $3, $4, 0, $5, $10, $6, $12, 2 FROM task
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
+                            hash, recorded_at, chain_version)
+    SELECT task.task_id, 1, $3, $4, 0, $5, '', $6, $11, 3 FROM task
     RETURNING seq
 ), wake AS (
     SELECT pg_notify('wal_engine_wake', wal_wake_token()) FROM task
@@ -126,71 +128,71 @@ PREVIOUS_OK_LEASED: Final = f"""
                           {", ".join(repr(t) for t in LEASE_DROPPED_TYPES)})
 """
 
-# One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key, $9 hash,
-# $10 the time stamped on it (chain version 2 covers it, with the key).
+# One observation, scalar parameters: $5 type, $6 version, $7 payload, $8 key (as stored,
+# chain.stored_key), $9 hash, $10 the time stamped on it (chain version 3 covers it, with the
+# key).
 OBSERVE_ONE: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash, recorded_at, chain_version)
-SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $4, $9, $10, 2
+                        hash, recorded_at, chain_version)
+SELECT $1, $3 + 1, $5, $6, $2, $7, $8, $9, $10, 3
  WHERE EXISTS ({PREVIOUS_OK_LEASED})
 RETURNING seq
 """
 
-# A batch of observations of one task: $5..$10 are arrays (type, version, payload, key,
-# prev_hash, hash), $11 the time stamped on them.
+# A batch of observations of one task: $5..$9 are arrays (type, version, payload, key,
+# hash), $10 the time stamped on them.
 OBSERVE_MANY: Final = f"""
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash, recorded_at, chain_version)
-SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key, e.prev_hash,
-       e.hash, $11, 2
-  FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
-           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+                        hash, recorded_at, chain_version)
+SELECT $1, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key, e.hash, $10, 3
+  FROM unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
  WHERE EXISTS ({PREVIOUS_OK_LEASED})
 RETURNING seq
 """
 
-# A batch that moves the status ($11 the final status, $12 the walk): the task row and the
-# events in one statement. $13/$14 set the wake time and awaited signal when it ends
-# WAITING (database clock); leaving the leased statuses drops the lease. $15 is the time
+# A batch that moves the status ($10 the final status, $11 the walk): the task row and the
+# events in one statement. $12/$13 set the wake time and awaited signal when it ends
+# WAITING (database clock); leaving the leased statuses drops the lease. $14 is the time
 # stamped on the events.
 TRANSITION: Final = f"""
 WITH head AS (
     UPDATE wal_tasks
        SET head_seq = $3 + cardinality($5::text[]),
-           head_hash = ($10::bytea[])[cardinality($10::bytea[])],
-           status = $11, status_path = $12::text[], updated_at = now(),
-           wake_at = CASE WHEN $11 = 'WAITING' THEN now() + $13 * interval '1 millisecond'
+           head_hash = ($9::bytea[])[cardinality($9::bytea[])],
+           status = $10, status_path = $11::text[], updated_at = now(),
+           wake_at = CASE WHEN $10 = 'WAITING' THEN now() + $12 * interval '1 millisecond'
                           ELSE wake_at END,
-           waiting_signal = CASE WHEN $11 = 'WAITING' THEN $14 ELSE waiting_signal END,
-           lease_owner = CASE WHEN $11 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           waiting_signal = CASE WHEN $10 = 'WAITING' THEN $13 ELSE waiting_signal END,
+           lease_owner = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                               THEN NULL ELSE lease_owner END,
-           lease_expires_at = CASE WHEN $11 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
+           lease_expires_at = CASE WHEN $10 IN ('WAITING', 'RESUMING', 'COMPLETED', 'FAILED')
                                    THEN NULL ELSE lease_expires_at END
      WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND lease_epoch = $2
        AND EXISTS ({PREVIOUS_OK})
  RETURNING task_id
 )
 INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash, recorded_at, chain_version)
+                        hash, recorded_at, chain_version)
 SELECT head.task_id, $3 + e.ord, e.type, e.version, $2, e.payload, e.idempotency_key,
-       e.prev_hash, e.hash, $15, 2
+       e.hash, $14, 3
   FROM head,
-       unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[], $10::bytea[])
-           WITH ORDINALITY AS e(type, version, payload, idempotency_key, prev_hash, hash, ord)
+       unnest($5::text[], $6::int2[], $7::bytea[], $8::text[], $9::bytea[])
+           WITH ORDINALITY AS e(type, version, payload, idempotency_key, hash, ord)
 RETURNING seq
 """
 
 # Group commit: the pending appends of many tasks in one statement and one commit, each
-# task fenced on its own. $1..$9, $18 and $19 (the time stamped on its events) are per task
-# (index i); $10..$17 per event (task index).
+# task fenced on its own. $1..$9, $17 and $18 (the time stamped on its events) are per task
+# (index i); $10..$16 per event (task index).
 # Tasks whose predecessor check fails are left out (the caller classifies them); a
 # duplicate seq aborts the statement (the caller then appends task by task). Returns the
 # ids of the accepted tasks.
 APPEND_MANY: Final = f"""
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[], $5::bytea[],
-                         $6::text[], $7::text[], $8::int8[], $9::text[], $18::int4[],
-                         $19::timestamptz[])
+                         $6::text[], $7::text[], $8::int8[], $9::text[], $17::int4[],
+                         $18::timestamptz[])
                WITH ORDINALITY AS b(task_id, epoch, expected_seq, prev_hash, new_hash,
                                     new_status, status_path, wake_after_ms, waiting_signal,
                                     n, recorded_at, i)
@@ -230,13 +232,12 @@ WITH batch AS (
       FROM fenced f JOIN moved m ON m.i = f.i
 ), inserted AS (
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                            prev_hash, hash, recorded_at, chain_version)
+                            hash, recorded_at, chain_version)
     SELECT a.task_id, a.expected_seq + e.offset_in_task, e.type, e.version, a.epoch,
-           e.payload, e.idempotency_key, e.prev_hash, e.hash, a.recorded_at, 2
+           e.payload, e.idempotency_key, e.hash, a.recorded_at, 3
       FROM unnest($10::int8[], $11::int4[], $12::text[], $13::int2[], $14::bytea[],
-                  $15::text[], $16::bytea[], $17::bytea[])
-               AS e(task_index, offset_in_task, type, version, payload, idempotency_key,
-                    prev_hash, hash)
+                  $15::text[], $16::bytea[])
+               AS e(task_index, offset_in_task, type, version, payload, idempotency_key, hash)
       JOIN accepted a ON a.i = e.task_index
     RETURNING 1
 )
@@ -308,8 +309,8 @@ SELECT e.task_id, min(e.seq) AS seq, count(*) AS events
 """
 
 READ_EVENTS: Final = """
-SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
-       recorded_at, chain_version
+SELECT task_id, seq, type, version, epoch, payload, idempotency_key, hash, recorded_at,
+       chain_version
   FROM wal_events
  WHERE tenant = current_setting('wal.tenant', true) AND task_id = $1 AND seq >= $2 AND seq <= $3
  ORDER BY seq
@@ -464,15 +465,15 @@ INSERT INTO wal_events{rest}"""
 
 
 OBSERVE_ONE_BLOBS: Final = with_blobs_observe(OBSERVE_ONE, 11)
-OBSERVE_MANY_BLOBS: Final = with_blobs_observe(OBSERVE_MANY, 12)
-TRANSITION_BLOBS: Final = with_blobs_after(TRANSITION, "head", 16)
+OBSERVE_MANY_BLOBS: Final = with_blobs_observe(OBSERVE_MANY, 11)
+TRANSITION_BLOBS: Final = with_blobs_after(TRANSITION, "head", 15)
 
 CREATE_TASK_BLOBS: Final = CREATE_TASK.replace("""
 ), event AS (""", f"""
 ), blobs AS (
     {_BLOB_COLUMNS}
     SELECT task.task_id, b.digest, b.ordinal, b.value_bytes, b.data
-      FROM task, {_blob_rows(17)}
+      FROM task, {_blob_rows(16)}
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), event AS (""")

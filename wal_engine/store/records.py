@@ -22,12 +22,13 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     payload: bytes
     """The event's full canonical encoding: its large values put back (decision 61)."""
     idempotency_key: str | None
-    prev_hash: bytes
+    """The event's key (an intent's), derived when its row of chain version 3 leaves it out
+    (``wal_engine.chain.effective_key``, decision 71)."""
     hash: bytes
     recorded_at: dt.datetime | None = None
     chain_version: int = 1
-    """How ``hash`` was computed (``wal_engine.chain``): 2 also covers ``recorded_at`` and
-    ``idempotency_key``."""
+    """How ``hash`` was computed (``wal_engine.chain``): 2 and 3 also cover ``recorded_at``
+    and ``idempotency_key``."""
     row_payload: bytes | None = None
     """The row's own bytes when they differ from ``payload`` (the event has large values in
     ``wal_blobs``, referenced by digest): what the chain hash covers."""

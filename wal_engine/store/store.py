@@ -13,7 +13,14 @@ import orjson
 from wal_engine import blobs, limits
 from wal_engine import events as vocabulary
 from wal_engine.budgets import validate_budget
-from wal_engine.chain import GENESIS_HASH, VerifyReport, Violation, event_hash_v2
+from wal_engine.chain import (
+    GENESIS_HASH,
+    VerifyReport,
+    Violation,
+    effective_key,
+    event_hash_v3,
+    stored_key,
+)
 from wal_engine.errors import (
     AmbiguousCommit,
     BlobCorrupt,
@@ -66,8 +73,8 @@ class _Batch:
     """One task's events encoded and chained, ready to be bound to a statement."""
 
     __slots__ = ("chunks", "hashes", "idempotency_keys", "new_hash", "new_status", "path",
-                 "payloads", "prev_hashes", "recorded_at", "types", "versions",
-                 "waiting_signal", "wake_after_ms")
+                 "payloads", "recorded_at", "types", "versions", "waiting_signal",
+                 "wake_after_ms")
 
     def __init__(self, recorded_at: dt.datetime) -> None:
         self.recorded_at = recorded_at
@@ -75,7 +82,7 @@ class _Batch:
         self.versions: list[int] = []
         self.payloads: list[bytes] = []
         self.idempotency_keys: list[str | None] = []
-        self.prev_hashes: list[bytes] = []
+        """As stored (``chain.stored_key``)."""
         self.hashes: list[bytes] = []
         self.path: list[str] = []
         self.new_hash = GENESIS_HASH
@@ -139,7 +146,7 @@ def encode_batch(
     InvalidInput).
 
     ``encoded`` carries the events' encodings when the caller already made them. The events
-    are chained under chain version 2 (``wal_engine.chain``), stamped ``recorded_at``
+    are chained under chain version 3 (``wal_engine.chain``), stamped ``recorded_at``
     (default: now).
     """
     if not events:
@@ -158,14 +165,13 @@ def encode_batch(
         payload, chunks = row_payload(payload)
         if chunks:
             batch.chunks.add(chunks)
-        key = getattr(event, "idempotency_key", None)
-        digest = event_hash_v2(previous, task_id, expected_seq + offset, kind, version, epoch,
-                               batch.recorded_at, key, payload)
+        seq, key = expected_seq + offset, getattr(event, "idempotency_key", None)
+        digest = event_hash_v3(previous, task_id, seq, kind, version, epoch, batch.recorded_at,
+                               key, payload)
         batch.types.append(kind)
         batch.versions.append(version)
-        batch.payloads.append(payload)
-        batch.idempotency_keys.append(key)
-        batch.prev_hashes.append(previous)
+        batch.payloads.append(blobs.compress_row(payload, task_id))
+        batch.idempotency_keys.append(stored_key(task_id, seq, kind, key))
         batch.hashes.append(digest)
         target = type(event).TARGET_STATUS
         if target is not None:
@@ -323,14 +329,14 @@ class Store:
         )
         stored, chunks = row_payload(payload)
         recorded_at = now()
-        digest = event_hash_v2(GENESIS_HASH, task_id, 1, kind, version, 0, recorded_at, None,
+        digest = event_hash_v3(GENESIS_HASH, task_id, 1, kind, version, 0, recorded_at, None,
                                stored)
         budget_json = orjson.dumps(
             msgspec.to_builtins(submitted.budget), option=orjson.OPT_SORT_KEYS
         ).decode()
-        args: tuple[Any, ...] = (task_id, agent, kind, version, stored, digest, budget_json,
-                                 parent_task_id, parent_seq, GENESIS_HASH, agent_version,
-                                 recorded_at, placement.queue, placement.priority,
+        args: tuple[Any, ...] = (task_id, agent, kind, version, blobs.compress_row(stored, task_id),
+                                 digest, budget_json, parent_task_id, parent_seq,
+                                 agent_version, recorded_at, placement.queue, placement.priority,
                                  placement.partition_key, placement.dedup_id)
         if chunks:
             pending = Chunks()
@@ -806,10 +812,11 @@ def _observation(task_id: str, event: vocabulary.Event,
         event, payload_bytes_max=payload_bytes_max)
     payload, chunks = row_payload(payload)
     key, recorded_at = getattr(event, "idempotency_key", None), recorded_at or now()
-    digest = event_hash_v2(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
+    digest = event_hash_v3(prev_hash, task_id, expected_seq + 1, kind, version, epoch,
                            recorded_at, key, payload)
-    args = (task_id, epoch, expected_seq, prev_hash, kind, version, payload, key, digest,
-            recorded_at)
+    args = (task_id, epoch, expected_seq, prev_hash, kind, version,
+            blobs.compress_row(payload, task_id), stored_key(task_id, expected_seq + 1, kind, key),
+            digest, recorded_at)
     if chunks:
         pending = Chunks()
         pending.add(chunks)
@@ -823,7 +830,7 @@ def _append_statement(
     """The statement and arguments for one task's batch: observations touch only the log
     (a single observation goes through :func:`_observation`)."""
     columns = (batch.types, batch.versions, batch.payloads, batch.idempotency_keys,
-               batch.prev_hashes, batch.hashes)
+               batch.hashes)
     chunks = batch.chunks.args() if batch.chunks else ()
     if batch.new_status is None:
         return (queries.OBSERVE_MANY_BLOBS if chunks else queries.OBSERVE_MANY), (
@@ -841,7 +848,6 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
     versions: list[int] = []
     payload_list: list[bytes] = []
     keys: list[str | None] = []
-    prev_hashes: list[bytes] = []
     hashes: list[bytes] = []
     for index, batch in enumerate(batches, start=1):
         for offset in range(len(batch.types)):
@@ -851,7 +857,6 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
         versions += batch.versions
         payload_list += batch.payloads
         keys += batch.idempotency_keys
-        prev_hashes += batch.prev_hashes
         hashes += batch.hashes
     return (
         [a.task_id for a in appends], [a.epoch for a in appends],
@@ -859,7 +864,7 @@ def _many_args(appends: Sequence[PendingAppend], batches: Sequence[_Batch]) -> t
         [b.new_hash for b in batches], [b.new_status for b in batches],
         [",".join(b.path) if b.path else None for b in batches],
         [b.wake_after_ms for b in batches], [b.waiting_signal for b in batches],
-        task_index, offsets, types, versions, payload_list, keys, prev_hashes, hashes,
+        task_index, offsets, types, versions, payload_list, keys, hashes,
         [len(b.types) for b in batches], [b.recorded_at for b in batches],
     )
 
@@ -873,5 +878,15 @@ def head_from_row(row: Any) -> TaskHead:
 
 
 def record_from_row(row: Any) -> EventRecord:
-    """Build an :class:`EventRecord` from a ``wal_events`` row."""
-    return EventRecord(**dict(row))
+    """Build an :class:`EventRecord` from a ``wal_events`` row (decision 71): a compressed
+    row's payload is its content (what the chain hash covers), and the key of a row of
+    chain version 3 is the event's own, derived where the row leaves it out."""
+    values = dict(row)
+    stored = values["payload"]
+    if stored.startswith(blobs.ROW_MARK):
+        values["payload"] = blobs.readable_row(stored, values["task_id"])
+    if values["chain_version"] >= 3:
+        values["idempotency_key"] = effective_key(
+            values["chain_version"], values["task_id"], values["seq"], values["type"],
+            values["idempotency_key"])
+    return EventRecord(**values)

@@ -40,8 +40,8 @@ snapshot_attempts_max: Final = 3
 """Bound on the rows one check reads (test databases are small)."""
 
 READ_ALL_EVENTS: Final = """
-SELECT task_id, seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
-       recorded_at, chain_version
+SELECT task_id, seq, type, version, epoch, payload, idempotency_key, hash, recorded_at,
+       chain_version
   FROM wal_events
  WHERE tenant = current_setting('wal.tenant', true)
     AND ($1::text[] IS NULL OR task_id = ANY($1::text[]))

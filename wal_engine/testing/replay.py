@@ -30,7 +30,7 @@ import msgspec
 from replay.fold import fold
 from replay.state import AgentState
 from wal_engine import events as ev
-from wal_engine.chain import GENESIS_HASH, VerifyReport
+from wal_engine.chain import VerifyReport
 from wal_engine.runtime.replayer import ReplayReport, replay_events
 from wal_engine.store import EventRecord
 from wal_engine.store.store import Chunks, row_payload
@@ -99,7 +99,7 @@ async def assert_replay_equivalent(engine: Engine, agent: str, task_input: Any =
 
 def history_rows(records: Iterable[EventRecord]) -> list[dict[str, Any]]:
     """Plain rows of a history: task_id, seq, type, version, epoch, payload text, hash hex;
-    rows of chain version 2 add what their hash covers besides (``chain_version``,
+    rows of chain versions 2 and 3 add what their hash covers besides (``chain_version``,
     ``recorded_at`` in ISO 8601 with microseconds, ``idempotency_key``)."""
     return [_history_row(r) for r in records]
 
@@ -123,9 +123,8 @@ def dump_history(records: Iterable[EventRecord], path: Path) -> None:
 
 
 def load_history(path: Path) -> list[EventRecord]:
-    """Read a history written by :func:`dump_history` (prev hashes and keys rebuilt)."""
+    """Read a history written by :func:`dump_history` (keys of version 1 rows rebuilt)."""
     records: list[EventRecord] = []
-    previous = GENESIS_HASH
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -143,13 +142,12 @@ def load_history(path: Path) -> list[EventRecord]:
                 version=int(row["version"]), epoch=int(row["epoch"]), payload=payload,
                 row_payload=None if stored == payload else stored,
                 idempotency_key=row["idempotency_key"] if chain_version != 1
-                else _intent_key(str(row["type"]), payload), prev_hash=previous,
-                hash=digest, chain_version=chain_version,
+                else _intent_key(str(row["type"]), payload), hash=digest,
+                chain_version=chain_version,
                 recorded_at=None if stamp is None else dt.datetime.fromisoformat(str(stamp)))
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path}:{number}: not a history row: {error}") from error
         records.append(record)
-        previous = digest
     return records
 
 
@@ -167,14 +165,14 @@ def verify_history(records: Sequence[EventRecord]) -> VerifyReport:
 
 
 INSERT_EVENTS: Final = """
-INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key,
-                        prev_hash, hash, chain_version, recorded_at)
-SELECT $1, e.seq, e.type, e.version, e.epoch, e.payload, e.idempotency_key, e.prev_hash, e.hash,
+INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, idempotency_key, hash,
+                        chain_version, recorded_at)
+SELECT $1, e.seq, e.type, e.version, e.epoch, e.payload, e.idempotency_key, e.hash,
        e.chain_version, coalesce(e.recorded_at, now())
   FROM unnest($2::int8[], $3::text[], $4::int2[], $5::int8[], $6::bytea[], $7::text[],
-              $8::bytea[], $9::bytea[], $10::int2[], $11::timestamptz[])
-       AS e(seq, type, version, epoch, payload, idempotency_key, prev_hash, hash,
-            chain_version, recorded_at)
+              $8::bytea[], $9::int2[], $10::timestamptz[])
+       AS e(seq, type, version, epoch, payload, idempotency_key, hash, chain_version,
+            recorded_at)
 """
 INSERT_BLOBS: Final = """
 INSERT INTO wal_blobs (task_id, digest, ordinal, value_bytes, data)
@@ -214,8 +212,7 @@ async def insert_history(database: Any, records: Sequence[EventRecord]) -> Agent
         await connection.execute(
             INSERT_EVENTS, head.task_id, [r.seq for r in records], [r.type for r in records],
             [r.version for r in records], [r.epoch for r in records],
-            stored, [r.idempotency_key for r in records],
-            [r.prev_hash for r in records], [r.hash for r in records],
+            stored, [r.idempotency_key for r in records], [r.hash for r in records],
             [r.chain_version for r in records], [r.recorded_at for r in records])
         if walk:
             await connection.execute(MOVE_HEAD, head.task_id, walk[-1], walk, head.seq,

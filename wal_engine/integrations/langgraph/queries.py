@@ -131,8 +131,8 @@ WITH head AS (
        AND lease_epoch = $2 AND head_seq = $3 AND head_hash = $4
     RETURNING task_id
 ), appended AS (
-    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash)
-    SELECT $1, $3 + 1, $6, $7, $2, $8, $4, $5 FROM head
+    INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash)
+    SELECT $1, $3 + 1, $6, $7, $2, $8, $5 FROM head
     RETURNING seq
 )"""
 
