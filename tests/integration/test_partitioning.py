@@ -103,7 +103,7 @@ def _touched(plan: Any) -> dict[str, set[str]]:
 def _hot_statements(task_id: str) -> dict[str, tuple[str, tuple[Any, ...]]]:
     """The engine's statements that name one task, with arguments for it."""
     args = (task_id, 1, 2, bytes(32))
-    arrays = (["message_appended"], [1], [b"{}"], [None], [bytes(32)], [bytes(32)])
+    arrays = (["message_appended"], [1], [b"{}"], [None], [bytes(32)])
     blob = ([bytes(32)], [0], [10], [b"x"])
     stamp = dt.datetime.now(dt.UTC)
     observe = (*args, "message_appended", 1, b"{}", None, bytes(32), stamp)
@@ -119,7 +119,7 @@ def _hot_statements(task_id: str) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "TRANSITION_BLOBS": (queries.TRANSITION_BLOBS, (*transition, *blob)),
         "CREATE_TASK": (queries.CREATE_TASK, (
             task_id, "agent", "task_submitted", 1, b"{}", bytes(32), "{}", None, None,
-            bytes(32), None, stamp, "default", 0, None, None)),
+            None, stamp, "default", 0, None, None)),
         # Reads of one task: head, events, verification, large values.
         "READ_HEAD": (queries.READ_HEAD, (task_id,)),
         "READ_LAST_EVENT": (queries.READ_LAST_EVENT, (task_id,)),
