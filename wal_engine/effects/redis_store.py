@@ -172,8 +172,10 @@ class RedisGatewayStore:
         failover the client finds the new primary on its next connection."""
         from redis.asyncio.sentinel import Sentinel
 
-        # redis-py leaves Sentinel's constructor unannotated.
-        sentinel = Sentinel(sentinels, socket_timeout=command_timeout_s)  # type: ignore[no-untyped-call]
+        # redis-py before 8.2 leaves Sentinel's constructor unannotated (mypy's no-untyped-call),
+        # 8.2 annotates it: called through Any, it type-checks under both.
+        sentinel_type: Any = Sentinel
+        sentinel = sentinel_type(sentinels, socket_timeout=command_timeout_s)
         client = sentinel.master_for(service_name, **_client_options())
         return cls(client, tenant=tenant, retention_ms=retention_ms, owns_client=True,
                    where=f"sentinel {service_name}", replicas_min=replicas_min)
