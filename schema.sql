@@ -382,8 +382,13 @@ CREATE INDEX IF NOT EXISTS wal_tasks_claimable_by_tenant ON wal_tasks (tenant, c
     WHERE status IN ('QUEUED', 'RESUMING');
 CREATE INDEX IF NOT EXISTS wal_tasks_waking_by_tenant ON wal_tasks (tenant, wake_at)
     WHERE status = 'WAITING';
-CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_tenant ON wal_tasks (tenant, lease_expires_at)
-    WHERE status IN ('RUNNING', 'CHECKPOINTED');
+-- No index on lease_expires_at (schema version 5, docs/architecture.md decision 74): a
+-- heartbeat changes only that column, and with it indexed no renewal could be a HOT update
+-- (every renewal wrote a new entry in each index whose predicate the row meets). The
+-- sweeper and the worker's next-expiry probe read the tenant's leased tasks through
+-- wal_tasks_leased_by_queue (tenant first, same predicate): their cost follows the tasks
+-- running now, never the history.
+DROP INDEX IF EXISTS wal_tasks_leased_by_tenant;
 CREATE INDEX IF NOT EXISTS wal_tasks_by_tenant_status ON wal_tasks (tenant, status, created_at);
 CREATE INDEX IF NOT EXISTS wal_signals_by_tenant_task
     ON wal_signals (tenant, task_id, name, signal_id);
@@ -668,23 +673,24 @@ END;
 $$;
 
 -- Append one event written by the database itself to a task the caller has locked FOR
--- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the
--- new seq. The payload is JSON text built by the caller; its bytes are what is hashed.
-CREATE OR REPLACE FUNCTION wal_emit(
-    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint, p_new_status text
-) RETURNS bigint
+-- UPDATE, without touching the task row: its seq, hash and recorded time. The payload is
+-- JSON text built by the caller; its bytes are what is hashed. wal_emit moves the row too;
+-- the claim (wal_claim_tasks) writes its events with this and moves the row once
+-- (decision 74: one row version per claim instead of three or four).
+CREATE OR REPLACE FUNCTION wal_emit_event(
+    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint,
+    OUT o_seq bigint, OUT o_hash bytea, OUT o_recorded_at timestamptz
+)
 LANGUAGE plpgsql AS $$
 DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     head record;
     body bytea := convert_to(p_payload::text, 'UTF8');
+BEGIN
     -- The time of writing, not of the transaction's start: a claim that waited for its
     -- queue's lock (wal_claim_tasks) records when it claimed, so the log's claim and
     -- release events order a queue's slots as they were taken and given back.
-    stamp timestamptz := clock_timestamp();
-    next_seq bigint;
-    next_hash bytea;
-BEGIN
+    o_recorded_at := clock_timestamp();
     -- The log's last event is the head (the task row's copy is as of its last status
     -- move). A writer racing for the same seq makes the INSERT below fail on the primary
     -- key, which the callers treat as "try again later".
@@ -693,19 +699,35 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
-    next_seq := head.head_seq + 1;
-    next_hash := wal_event_hash_v2(head.head_hash, p_task_id, next_seq, p_type, 1, p_epoch,
-                                   stamp, NULL, body);
+    o_seq := head.head_seq + 1;
+    o_hash := wal_event_hash_v2(head.head_hash, p_task_id, o_seq, p_type, 1, p_epoch,
+                                o_recorded_at, NULL, body);
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, prev_hash, hash,
                             recorded_at, chain_version)
-    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, head.head_hash, next_hash, stamp, 2);
+    VALUES (p_task_id, o_seq, p_type, 1, p_epoch, body, head.head_hash, o_hash,
+            o_recorded_at, 2);
+END;
+$$;
+
+-- Append one event written by the database itself to a task the caller has locked FOR
+-- UPDATE (wal_emit_event). Moves the head (and the status, when new_status is not NULL)
+-- and returns the new seq.
+CREATE OR REPLACE FUNCTION wal_emit(
+    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint, p_new_status text
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    written record;
+BEGIN
+    written := wal_emit_event(p_task_id, p_type, p_payload, p_epoch);
     UPDATE wal_tasks
-       SET head_seq = next_seq, head_hash = next_hash,
+       SET head_seq = written.o_seq, head_hash = written.o_hash,
            status = coalesce(p_new_status, status),
            status_path = CASE WHEN p_new_status IS NULL THEN NULL ELSE ARRAY[p_new_status] END,
            updated_at = now()
      WHERE tenant = my_tenant AND task_id = p_task_id;
-    RETURN next_seq;
+    RETURN written.o_seq;
 END;
 $$;
 
@@ -751,7 +773,7 @@ DECLARE
     due record;
     new_epoch bigint;
     claim_type text;
-    claim_seq bigint;
+    claim record;
     pinned text;
     claimed integer := 0;
     rounds integer := 0;
@@ -875,38 +897,37 @@ BEGIN
                                        WITH ORDINALITY AS r(agent, version, n)
                                  WHERE r.agent = due.agent ORDER BY r.n LIMIT 1),
                                due.agent_version);
+            -- The events first (a woken task's task_woken, then its claim), then the row
+            -- in one UPDATE: its status walk (the trigger checks it), head and lease (one
+            -- row version per claim, decision 74; no other transaction sees the row in
+            -- between, it is locked FOR UPDATE). The lease runs from the claim as its event
+            -- records it, to the microsecond (the process can be descheduled before the
+            -- event's clock reading; a sweep must never find a lease broken before TTL
+            -- after its claim event).
             IF due.status = 'WAITING' THEN
-                PERFORM wal_emit(due.task_id, 'task_woken',
-                                 jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL
-                                                                   THEN 'timer' ELSE 'timeout' END),
-                                 due.lease_epoch, 'RESUMING');
+                PERFORM wal_emit_event(due.task_id, 'task_woken',
+                                       jsonb_build_object('reason',
+                                                          CASE WHEN due.waiting_signal IS NULL
+                                                               THEN 'timer' ELSE 'timeout' END),
+                                       due.lease_epoch);
             END IF;
             claim_type := CASE WHEN due.status = 'QUEUED' THEN 'task_claimed' ELSE 'task_resumed' END;
+            claim := wal_emit_event(due.task_id, claim_type,
+                                    jsonb_strip_nulls(jsonb_build_object(
+                                        'worker_id', p_worker, 'attempt', due.attempts + 1,
+                                        'agent_version', pinned)),
+                                    new_epoch);
             UPDATE wal_tasks t
-               SET lease_epoch = new_epoch, lease_owner = p_worker,
-                   -- From the time of the claim, as its event records it (wal_emit:
-                   -- clock_timestamp()): a claim that waited for its queue's lock would
-                   -- otherwise hold a lease that ends before TTL after its claim event.
-                   lease_expires_at = clock_timestamp()
+               SET head_seq = claim.o_seq, head_hash = claim.o_hash, status = 'RUNNING',
+                   status_path = CASE WHEN due.status = 'WAITING'
+                                      THEN ARRAY['RESUMING', 'RUNNING'] ELSE ARRAY['RUNNING'] END,
+                   updated_at = now(),
+                   lease_epoch = new_epoch, lease_owner = p_worker,
+                   lease_expires_at = claim.o_recorded_at
                                       + make_interval(secs => p_lease_ttl_ms / 1000.0),
                    wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
                    started_at = coalesce(t.started_at, now()), agent_version = pinned
              WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
-            claim_seq := wal_emit(due.task_id, claim_type,
-                                  jsonb_strip_nulls(jsonb_build_object(
-                                      'worker_id', p_worker, 'attempt', due.attempts + 1,
-                                      'agent_version', pinned)),
-                                  new_epoch, 'RUNNING');
-            -- The lease runs from the claim as its event records it, to the microsecond
-            -- (the process can be descheduled between the UPDATE above and the event's
-            -- clock reading; a sweep must never find a lease broken before TTL after its
-            -- claim event).
-            UPDATE wal_tasks t
-               SET lease_expires_at = e.recorded_at
-                                      + make_interval(secs => p_lease_ttl_ms / 1000.0)
-              FROM wal_events e
-             WHERE t.tenant = my_tenant AND t.task_id = due.task_id
-               AND e.tenant = my_tenant AND e.task_id = due.task_id AND e.seq = claim_seq;
             RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
                                 t.attempts, t.started_at, now(), t.agent_version, t.queue
                            FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
@@ -2068,3 +2089,10 @@ BEGIN
     END LOOP;
 END;
 $more_policies$;
+
+-- ============================================================ schema version 5
+-- Version 5 (docs/architecture.md decision 74, issue 23's scale measurements): no index on
+-- lease_expires_at, so that a heartbeat is a HOT update, and a claim writes its lease in
+-- one UPDATE after its claim event. Applying this text over a version 4 database drops the
+-- index and replaces wal_claim_tasks; code of version 4 is refused by its version check.
+INSERT INTO wal_schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;

@@ -621,6 +621,27 @@ async def create_database(admin_dsn: str, name: str) -> str:
     return dsn
 
 
+async def settle(admin_dsn: str, databases: list[str], timeout_s: float) -> float:
+    """CHECKPOINT, then wait (up to ``timeout_s``) until no autovacuum worker runs in
+    ``databases``: a fill of gigabytes leaves a checkpoint and autovacuums behind, and a
+    latency measured while they run on 2 cores measures them (at 200,000 tasks heartbeats
+    read 5x slower during them and flat after). Returns the seconds waited."""
+    started = time.monotonic()
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute("CHECKPOINT")
+        while time.monotonic() - started < timeout_s:
+            busy = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                " AND datname = ANY($1::text[])", databases)
+            if not busy:
+                break
+            await asyncio.sleep(1.0)
+    finally:
+        await admin.close()
+    return round(time.monotonic() - started, 1)
+
+
 async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     """Fill both databases, measure both, return the document."""
     print(f"filling: empty fixture {args.empty_tasks:,} tasks / {args.empty_events:,} events;"
@@ -652,6 +673,11 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             register(engine)
         for side in sides:
             await side.prepare()
+        document["settle_s"] = await settle(
+            admin_dsn, [f"{args.database_prefix}_{label}" for label in ("empty", "filled")],
+            args.timeout)
+        print(f"settled (checkpoint, no autovacuum running) in {document['settle_s']} s",
+              flush=True)
         print(f"latencies ({args.rounds} rounds, {args.ops} ops per round and side):",
               flush=True)
         document["latencies"] = await latencies(sides, args.rounds, args.ops)

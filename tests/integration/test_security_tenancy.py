@@ -566,7 +566,7 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
                             "VALUES ('old-task', 'ping', '\\x7b7d', 'd')")
         assert await apply_schema(admin) is True
         assert await admin.fetchval("SELECT max(version) FROM wal_schema_version") == \
-            SCHEMA_VERSION == 4
+            SCHEMA_VERSION == 5
         keys = {r["conname"]: r["definition"] for r in await admin.fetch(
             "SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint"
             " WHERE contype IN ('p', 'u') AND conrelid::regclass::text LIKE 'wal\\_%'")}

@@ -38,7 +38,7 @@ from wal_engine.store.hosts import connect_any
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The schema version this code reads and writes (``wal_schema_version``)."""
 
 DSN_ENV: Final = "WAL_ENGINE_DSN"
