@@ -17,9 +17,11 @@ databases in the same run, interleaved round by round:
   statements (batches of the worker's ``sweep_batch_max``) after 1,000 leases expired;
 * ``resume_1000``: the read and fold of a 1,000-step task (no snapshot); ``verify``: the
   verification of that task; ``list_page``: one page of 50 of ``tasks`` filtered by
-  status and agent, walking pages;
+  status and agent, walking pages; ``list_running``: the same for the RUNNING tasks (the
+  1,000 leases), a rare status among the finished ones;
 * ``timers``: ``--timers`` tasks sleeping until the same moment, 4 worker processes: the
-  time from that moment until none is WAITING and until all completed their next step;
+  time from that moment until none is WAITING and until all completed their next step,
+  and the workers' RSS with none of their tasks waiting, with all asleep, and after;
 * ``workers``: ``--running`` tasks stepping in 1, 2 and 4 worker processes (their sum
   holding all of them), with the timers' tasks still WAITING in the database: steps/s,
   RSS and CPU per step of each process, and the batched-insert ceiling of the same run
@@ -245,6 +247,7 @@ class Side:
         self.old_head: harness.LocalHead | None = None
         self.leases: list[tuple[str, int]] = []
         self.page_after = ""
+        self.running_after = ""
 
     async def prepare(self) -> None:
         """A new claimed task, the old task's head, 1,000 leases of one worker."""
@@ -337,6 +340,14 @@ async def measure_side(side: Side, measure: str, ops: int) -> list[int]:
                                                after_task_id=side.page_after, limit=LIST_PAGE)
             samples.append(time.perf_counter_ns() - start)
             side.page_after = page[-1].task_id if len(page) == LIST_PAGE else ""
+    elif measure == "list_running":
+        # A rare status among many finished tasks (the 1,000 leases held for the heartbeats).
+        for _ in range(ops):
+            start = time.perf_counter_ns()
+            page = await side.store.list_tasks(status="RUNNING", after_task_id=side.running_after,
+                                               limit=LIST_PAGE)
+            samples.append(time.perf_counter_ns() - start)
+            side.running_after = page[-1].task_id if len(page) == LIST_PAGE else ""
     else:
         raise ValueError(measure)
     return samples
@@ -354,7 +365,7 @@ async def _verify(side: Side) -> None:
 
 LATENCY_MEASURES: Final = ("append_new", "append_old", "claim", "heartbeat_1", "heartbeat_100",
                            "heartbeat_1000", "sweep_idle", "sweep_1000", "resume_1000",
-                           "verify", "list_page")
+                           "verify", "list_page", "list_running")
 
 
 async def latencies(sides: list[Side], rounds: int, ops: int) -> dict[str, Any]:
@@ -501,9 +512,14 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
     """``count`` sleeping tasks made due at one moment; 4 worker processes wake them."""
     db = side.store.database
     tag = f"t{time.monotonic_ns() % 10**8}"
-    await _submit_many(side.engine, TIMER_AGENT, count, None, f"{tag}")
+    # The workers first, so that their RSS is read with no task of theirs waiting, then
+    # with all ``count`` asleep (a waiting task should cost a worker no memory: its run
+    # ended at the sleep and its lease went back to the database), then after they ran.
     workers = Workers(side.dsn, TIMER_WORKERS, max(1, min(250, count // TIMER_WORKERS + 1)), tag)
     try:
+        await asyncio.sleep(1.0)  # Past the first claims' and the listener's start.
+        rss_idle = workers.rss_mib()
+        await _submit_many(side.engine, TIMER_AGENT, count, None, f"{tag}")
         async def status_count(status: str) -> int:
             return int(await _value(db,
                 "SELECT count(*) FROM wal_tasks WHERE tenant = $1 AND agent = $2"
@@ -513,6 +529,7 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
             return await status_count("WAITING") == count
 
         to_sleep_s = await _until(all_waiting, timeout_s, "all timers started")
+        rss_waiting = workers.rss_mib()
         moment = await _value(db,
             "WITH due AS (UPDATE wal_tasks SET wake_at = now() + interval '1 second'"
             " WHERE tenant = $1 AND agent = $2 AND task_id LIKE $3 AND status = 'WAITING'"
@@ -528,11 +545,15 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
 
         woken_s = await _until(none_waiting, timeout_s, "all timers woken")
         completed_s = woken_s + await _until(all_completed, timeout_s, "all woken tasks done")
+        rss_done = workers.rss_mib()
     finally:
         workers.stop()
     return {"timers": count, "workers": TIMER_WORKERS, "to_sleep_s": round(to_sleep_s, 2),
             "all_resuming_s": round(woken_s, 2), "all_next_step_s": round(completed_s, 2),
-            "target_met": completed_s < 10.0}
+            "target_met": completed_s < 10.0,
+            "rss_mib_none_waiting": rss_idle, "rss_mib_all_waiting": rss_waiting,
+            "rss_mib_all_done": rss_done,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 async def ceiling(side: Side, seconds: float) -> float:

@@ -6,7 +6,7 @@ borrows ``--admin-dsn``), creates two databases filled alike by :func:`benchmark
 ``<prefix>_before`` with the schema of git revision ``REF`` applied over it (its indexes
 and functions put back), and measures, interleaved round by round with the order swapped
 each round: the heartbeat statement for 1, 100 and 1,000 leases, the sweeper's idle
-statement, a claim, and the wake-up of ``--timers`` timers with 4 worker processes
+statement, a claim, a page of the task listing (finished tasks; running tasks), and the wake-up of ``--timers`` timers with 4 worker processes
 (:func:`benchmarks.scale.timers`, twice per side: before, after, after, before).
 Both databases run this checkout's Python: only the SQL differs. Results go to
 ``benchmarks/results/scale_baseline_<tasks>.json``.
@@ -31,7 +31,8 @@ from benchmarks import harness, scale
 from wal_engine.embedded import EmbeddedPostgres
 from wal_engine.engine import connect
 
-MEASURES: Final = ("heartbeat_1", "heartbeat_100", "heartbeat_1000", "sweep_idle", "claim")
+MEASURES: Final = ("heartbeat_1", "heartbeat_100", "heartbeat_1000", "sweep_idle", "claim",
+                   "list_page", "list_running")
 
 
 def schema_at(ref: str) -> str:
