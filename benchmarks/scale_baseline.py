@@ -6,10 +6,11 @@ borrows ``--admin-dsn``), creates two databases filled alike by :func:`benchmark
 ``<prefix>_before`` with the schema of git revision ``REF`` applied over it (its indexes
 and functions put back), and measures, interleaved round by round with the order swapped
 each round: the heartbeat statement for 1, 100 and 1,000 leases, the sweeper's idle
-statement, a claim, a page of the task listing (finished tasks; running tasks), and the wake-up of ``--timers`` timers with 4 worker processes
-(:func:`benchmarks.scale.timers`, twice per side: before, after, after, before).
-Both databases run this checkout's Python: only the SQL differs. Results go to
-``benchmarks/results/scale_baseline_<tasks>.json``.
+statement, a claim, a page of the task listing (finished tasks; running tasks), and the
+wake-up of ``--timers`` timers with 4 worker processes (:func:`benchmarks.scale.timers`,
+twice per side: before, after, after, before). Both databases run this checkout's
+Python: only the SQL differs (the statements of ``wal_engine/store/queries.py`` too are
+this checkout's). Results go to ``benchmarks/results/scale_baseline_<tasks>.json``.
 """
 
 from __future__ import annotations
