@@ -8,9 +8,13 @@ and functions put back), and measures, interleaved round by round with the order
 each round: the heartbeat statement for 1, 100 and 1,000 leases, the sweeper's idle
 statement, a claim, a page of the task listing (finished tasks; running tasks), and the
 wake-up of ``--timers`` timers with 4 worker processes (:func:`benchmarks.scale.timers`,
-twice per side: before, after, after, before). Both databases run this checkout's
-Python: only the SQL differs (the statements of ``wal_engine/store/queries.py`` too are
-this checkout's). Results go to ``benchmarks/results/scale_baseline_<tasks>.json``.
+three times per side: before, after, after, before, before, after; with the CPU seconds
+the server and the workers spent on it, steadier than its time on a shared machine). The
+measures of the 'before' side run ``REF``'s text of the statements they time
+(``STATEMENTS``, from its ``wal_engine/store/queries.py``); the timers' worker processes
+run this checkout's code on both sides (their claim is ``wal_claim_tasks``, the
+schema's). Results go to
+``benchmarks/results/scale_baseline_<tasks>.json``.
 """
 
 from __future__ import annotations
@@ -31,15 +35,38 @@ import asyncpg
 from benchmarks import harness, scale
 from wal_engine.embedded import EmbeddedPostgres
 from wal_engine.engine import connect
+from wal_engine.store import queries
 
+STATEMENTS: Final = ("RENEW_LEASES", "LIST_TASKS", "CLAIM_TASKS", "BREAK_LEASES")
 MEASURES: Final = ("heartbeat_1", "heartbeat_100", "heartbeat_1000", "sweep_idle", "claim",
                    "list_page", "list_running")
 
 
-def schema_at(ref: str) -> str:
-    """schema.sql as of git revision ``ref``."""
-    return subprocess.run(["git", "show", f"{ref}:schema.sql"], cwd=scale.REPO, check=True,
+def file_at(ref: str, path: str) -> str:
+    """A file of the repository as of git revision ``ref``."""
+    return subprocess.run(["git", "show", f"{ref}:{path}"], cwd=scale.REPO, check=True,
                           capture_output=True, text=True).stdout
+
+
+def statements_at(ref: str) -> dict[str, Any]:
+    """``STATEMENTS`` as ``ref``'s queries module defines them (it imports only typing)."""
+    namespace: dict[str, Any] = {"__name__": "queries_at_ref"}
+    exec(compile(file_at(ref, "wal_engine/store/queries.py"), "queries_at_ref", "exec"),
+         namespace)
+    return {name: namespace[name] for name in STATEMENTS}
+
+
+async def measure_with(statements: dict[str, Any], side: scale.Side, measure: str,
+                       ops: int) -> list[int]:
+    """:func:`benchmarks.scale.measure_side` with ``statements`` in place of the module's."""
+    saved = {name: getattr(queries, name) for name in statements}
+    for name, text in statements.items():
+        setattr(queries, name, text)
+    try:
+        return await scale.measure_side(side, measure, ops)
+    finally:
+        for name, text in saved.items():
+            setattr(queries, name, text)
 
 
 async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
@@ -56,7 +83,7 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
               flush=True)
     connection = await asyncpg.connect(dsns["before"])
     try:
-        await connection.execute(schema_at(args.ref))
+        await connection.execute(file_at(args.ref, "schema.sql"))
     finally:
         await connection.close()
     engines = {label: await connect(dsns[label], migrate=False, development=True)
@@ -74,14 +101,16 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         document["settle_s"] = await scale.settle(
             admin_dsn, [f"{args.database_prefix}_{label}" for label in labels], args.timeout)
         document["latencies"] = {}
+        before_statements = statements_at(args.ref)
         for measure in MEASURES:
             samples: dict[str, list[int]] = {label: [] for label in labels}
             for round_index in range(args.rounds):
                 order = sides if round_index % 2 == 0 else sides[::-1]
                 for side in order:
-                    await scale.measure_side(side, measure, 2)
-                    samples[side.label].extend(await scale.measure_side(side, measure,
-                                                                        args.ops))
+                    texts = before_statements if side.label == "before" else {}
+                    await measure_with(texts, side, measure, 2)
+                    samples[side.label].extend(await measure_with(texts, side, measure,
+                                                                  args.ops))
             figures: dict[str, Any] = {label: scale._stats(samples[label]) for label in labels}
             figures["after_over_before"] = round(
                 figures["after"]["p50_us"] / max(0.1, figures["before"]["p50_us"]), 2)
@@ -92,7 +121,7 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
         document["load_average_after_latencies"] = [round(x, 2) for x in os.getloadavg()]
         if args.timers:
             runs: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
-            for side in (sides[0], sides[1], sides[1], sides[0]):
+            for side in (sides[0], sides[1], sides[1], sides[0], sides[0], sides[1]):
                 figures = await scale.timers(side, args.timers, args.timeout)
                 figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
                 runs[side.label].append(figures)

@@ -100,14 +100,71 @@ def draw(documents: list[dict[str, Any]], target: Path) -> Path:
     return target
 
 
+def markdown(document: dict[str, Any]) -> str:
+    """The tables of docs/scaling.md from one results file: fill, latencies, timers,
+    workers, client CPU."""
+    fill = document["fill"]
+    lines = ["| database | tasks | events | COPY s | with VACUUM ANALYZE s | database MiB"
+             " | wal_events MiB | wal_tasks MiB | bytes per event (database) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for side in ("empty", "filled"):
+        f = fill[side]
+        lines.append(f"| {side} | {f['task_rows']:,} | {f['event_rows']:,} | {f['copy_s']}"
+                     f" | {f['fill_s']} | {f['database_bytes'] / 2**20:,.0f}"
+                     f" | {f['events_bytes'] / 2**20:,.0f} | {f['tasks_bytes'] / 2**20:,.0f}"
+                     f" | {f['database_bytes'] / max(1, f['event_rows']):,.0f} |")
+    lines += ["", "| measure | empty p50 µs | empty p99 µs | filled p50 µs | filled p99 µs"
+              " | p50 filled/empty | target ≤ 1.25x |", "|---|--:|--:|--:|--:|--:|---|"]
+    for name, figure in document.get("latencies", {}).items():
+        e, f = figure["empty"], figure["filled"]
+        lines.append(f"| {name} | {e['p50_us']:,.0f} | {e['p99_us']:,.0f} | {f['p50_us']:,.0f}"
+                     f" | {f['p99_us']:,.0f} | {figure['p50_ratio']:.2f}x"
+                     f" | {'met' if figure['target_met'] else 'missed'} |")
+    if "timers" in document:
+        lines += ["", "| timers (10,000, 4 workers) | submit to all asleep s | due to none"
+                  " waiting s | due to all ran next step s | target < 10 s | server CPU s"
+                  " | workers CPU s | worker RSS MiB: none / all waiting / after |",
+                  "|---|--:|--:|--:|---|--:|--:|---|"]
+        for side, t in document["timers"].items():
+            rss = " / ".join(f"{sum(t[k]) / max(1, len(t[k])):.1f}" if k in t else "n/a"
+                             for k in ("rss_mib_none_waiting", "rss_mib_all_waiting",
+                                       "rss_mib_all_done"))
+            lines.append(f"| {side} | {t['to_sleep_s']} | {t['all_resuming_s']}"
+                         f" | {t['all_next_step_s']} | {'met' if t['target_met'] else 'missed'}"
+                         f" | {t.get('server_cpu_s', '')} | {t.get('workers_cpu_s', '')}"
+                         f" | {rss} (mean per process) |")
+    if "workers" in document:
+        lines += ["", "| workers | processes | steps/s | appends/s | ceiling rows/s"
+                  " | vs ceiling | CPU µs/step (workers) | workers' CPU (cores) | RSS MiB |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+        for side, rows in document["workers"].items():
+            for r in rows:
+                lines.append(f"| {side} | {r['processes']} | {r['steps_per_s']:,}"
+                             f" | {r['appends_per_s']:,} | {r['ceiling_rows_per_s']:,}"
+                             f" | {r['vs_ceiling']} | {r['cpu_us_per_step']}"
+                             f" | {r['cpu_utilisation']} | {r['rss_mib']} |")
+    if "cpu_step" in document:
+        lines += ["", "| client CPU per tool step | wal-engine µs | raw two INSERTs µs"
+                  " | ratio |", "|---|--:|--:|--:|"]
+        for side, c in document["cpu_step"].items():
+            lines.append(f"| {side} | {c['wal_cpu_us_median']:.0f}"
+                         f" | {c['raw_cpu_us_median']:.0f} | {c['ratio_median']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_plot",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, nargs="+", help="benchmarks.scale JSON files")
     parser.add_argument("--png", type=Path, default=Path("docs/scaling.png"))
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the tables of each file (docs/scaling.md)")
     args = parser.parse_args(argv)
     documents = [json.loads(path.read_text(encoding="utf-8")) for path in args.results]
+    if args.markdown:
+        for document in documents:
+            print(markdown(document))
     print(f"wrote {draw(documents, args.png)}")
     return 0
 
