@@ -382,13 +382,11 @@ CREATE INDEX IF NOT EXISTS wal_tasks_claimable_by_tenant ON wal_tasks (tenant, c
     WHERE status IN ('QUEUED', 'RESUMING');
 CREATE INDEX IF NOT EXISTS wal_tasks_waking_by_tenant ON wal_tasks (tenant, wake_at)
     WHERE status = 'WAITING';
--- No index on lease_expires_at (schema version 5, docs/architecture.md decision 74): a
--- heartbeat changes only that column, and with it indexed no renewal could be a HOT update
--- (every renewal wrote a new entry in each index whose predicate the row meets). The
--- sweeper and the worker's next-expiry probe read the tenant's leased tasks through
--- wal_tasks_leased_by_queue (tenant first, same predicate): their cost follows the tasks
--- running now, never the history.
-DROP INDEX IF EXISTS wal_tasks_leased_by_tenant;
+-- The sweeper's index (expired leases first). It keeps heartbeats from being HOT updates
+-- (a renewal changes its key); without it every sweep read every leased task of the
+-- tenant, a cost that grew with the workers squared (docs/architecture.md decision 74).
+CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_tenant ON wal_tasks (tenant, lease_expires_at)
+    WHERE status IN ('RUNNING', 'CHECKPOINTED');
 -- Tasks of a status in task id order: the listing with a status filter (`tasks --status`,
 -- paged by task id) reads its page from here instead of walking the primary key past
 -- every task of other statuses (decision 74; created_at, its third column up to schema
@@ -2096,8 +2094,8 @@ END;
 $more_policies$;
 
 -- ============================================================ schema version 5
--- Version 5 (docs/architecture.md decision 74, issue 23's scale measurements): no index on
--- lease_expires_at, so that a heartbeat is a HOT update, and a claim writes its lease in
--- one UPDATE after its claim event. Applying this text over a version 4 database drops the
--- index and replaces wal_claim_tasks; code of version 4 is refused by its version check.
+-- Version 5 (docs/architecture.md decision 74, issue 23's scale measurements): a claim
+-- moves its task row once (wal_emit_event), and the status index is in task id order
+-- (wal_tasks_by_tenant_status_id). Applying this text over a version 4 database replaces
+-- the index and wal_claim_tasks; code of version 4 is refused by its version check.
 INSERT INTO wal_schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;

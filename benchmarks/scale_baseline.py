@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -83,7 +84,20 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
               flush=True)
     connection = await asyncpg.connect(dsns["before"])
     try:
-        await connection.execute(file_at(args.ref, "schema.sql"))
+        before_schema = file_at(args.ref, "schema.sql")
+        await connection.execute(before_schema)
+        # The indexes this checkout added, which REF's text does not drop: without them the
+        # 'before' database writes the indexes REF's does, no more.
+        kept = set(re.findall(r"CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+)", before_schema))
+        extra = [row["name"] for row in await connection.fetch(
+            "SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " JOIN pg_class t ON t.oid = i.indrelid WHERE t.relname LIKE 'wal\\_%'"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)")
+            if row["name"] not in kept]
+        for name in extra:
+            await connection.execute(f'DROP INDEX "{name}"')
+        print(f"  before: {args.ref}'s schema applied, indexes it lacks dropped: {extra}",
+              flush=True)
     finally:
         await connection.close()
     engines = {label: await connect(dsns[label], migrate=False, development=True)
