@@ -777,6 +777,7 @@ DECLARE
     new_epoch bigint;
     claim_type text;
     claim record;
+    candidates refcursor;
     pinned text;
     claimed integer := 0;
     rounds integer := 0;
@@ -807,14 +808,20 @@ BEGIN
     LOOP
         rounds := rounds + 1;
         again := false;
-        FOR due IN
+        -- The candidates, in claim order. A worker names its agents: each agent's first
+        -- due tasks come from wal_tasks_due_by_agent, in order, and the claim takes the
+        -- first of those (decision 74: through the tenant-wide order, a worker whose
+        -- agents had nothing due read the whole backlog of the other agents at every
+        -- claim, 99 ms with 100,000 of theirs queued). Without agents, the tenant-wide
+        -- order (wal_tasks_due_by_tenant).
+        IF p_agents IS NULL THEN
+            OPEN candidates FOR
             SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
                    t.agent_version, t.queue, t.partition_key, t.created_at
               FROM wal_tasks t
              WHERE t.tenant = my_tenant
                AND (t.status IN ('QUEUED', 'RESUMING')
                     OR (t.status = 'WAITING' AND t.wake_at <= now()))
-               AND (p_agents IS NULL OR t.agent = ANY (p_agents))
                AND (p_versions IS NULL OR t.agent_version IS NULL
                     OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
                                 WHERE r.agent = t.agent AND r.version = t.agent_version))
@@ -829,8 +836,41 @@ BEGIN
                                     AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
              ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
              LIMIT p_limit - claimed
-               FOR UPDATE OF t SKIP LOCKED
+               FOR UPDATE OF t SKIP LOCKED;
+        ELSE
+            OPEN candidates FOR
+            SELECT c.task_id, c.agent, c.status, c.lease_epoch, c.attempts, c.waiting_signal,
+                   c.agent_version, c.queue, c.partition_key, c.created_at
+              FROM (SELECT DISTINCT r.agent FROM unnest(p_agents) AS r(agent)) AS a
+             CROSS JOIN LATERAL (
+            SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
+                   t.agent_version, t.queue, t.partition_key, t.created_at, t.priority,
+                   coalesce(t.wake_at, t.created_at) AS due_at
+              FROM wal_tasks t
+             WHERE t.tenant = my_tenant AND t.agent = a.agent
+               AND (t.status IN ('QUEUED', 'RESUMING')
+                    OR (t.status = 'WAITING' AND t.wake_at <= now()))
+               AND (p_versions IS NULL OR t.agent_version IS NULL
+                    OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
+                                WHERE r.agent = t.agent AND r.version = t.agent_version))
+               AND t.queue <> ALL (closed)
+               AND t.task_id <> ALL (passed)
+               AND (t.partition_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM wal_tasks o
+                         WHERE o.tenant = my_tenant AND o.queue = t.queue
+                           AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
+                           AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                                OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
+                                    AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
+             ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
+             LIMIT p_limit - claimed
+               FOR UPDATE OF t SKIP LOCKED) AS c
+             ORDER BY c.priority DESC, c.due_at, c.task_id
+             LIMIT p_limit - claimed;
+        END IF;
         LOOP
+            FETCH candidates INTO due;
+            EXIT WHEN NOT FOUND;
             i := array_position(q_names, due.queue);
             IF i IS NULL THEN
                 SELECT q.concurrency_max, q.worker_concurrency_max INTO found_limits
@@ -935,6 +975,7 @@ BEGIN
                                 t.attempts, t.started_at, now(), t.agent_version, t.queue
                            FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
         END LOOP;
+        CLOSE candidates;
         -- Another round only when this one stopped short for a queue or a partition (each
         -- round closes a queue or passes a task, and there are at most 8 rounds).
         EXIT WHEN NOT again OR claimed >= p_limit OR rounds >= 8;
@@ -1442,6 +1483,11 @@ CREATE INDEX IF NOT EXISTS wal_tasks_partition_started ON wal_tasks (tenant, que
 -- signal only is left out.
 CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
     ON wal_tasks (tenant, priority DESC, (coalesce(wake_at, created_at)), task_id)
+    WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
+-- The same order per agent: a worker's claim walks its own agents' due tasks only, not
+-- the backlog of agents it does not run (decision 74).
+CREATE INDEX IF NOT EXISTS wal_tasks_due_by_agent
+    ON wal_tasks (tenant, agent, priority DESC, (coalesce(wake_at, created_at)), task_id)
     WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
 
 -- Row security: the log's policy (section "tenant policies", at the end).
