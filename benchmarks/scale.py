@@ -12,6 +12,7 @@ databases in the same run, interleaved round by round:
 * ``append_new`` / ``append_old``: one tool step's two appends (intent, result) on a task
   created now and on a 1,000-step task created 90 days ago;
 * ``claim``: one claim (``wal_claim_tasks``, limit 1) with the queue described above;
+  ``claim_other``: a claim by a worker of other agents, which finds nothing due;
 * ``heartbeat_1/100/1000``: the renewal statement for that many leases of one worker;
 * ``sweep_idle``: the sweeper's statement when nothing expired; ``sweep_1000``: all its
   statements (batches of the worker's ``sweep_batch_max``) after 1,000 leases expired;
@@ -303,6 +304,13 @@ async def measure_side(side: Side, measure: str, ops: int) -> list[int]:
         for _ in range(ops):
             samples.append(await _timed(lambda: db.fetch(
                 queries.CLAIM_TASKS, "scale-claimer", 1, LEASE_TTL_MS, [FILL_AGENT], None)))
+    elif measure == "claim_other":
+        # A worker whose agents have nothing due while another agent's queue is long:
+        # its claims find nothing, and should not read that queue to find it.
+        for _ in range(ops):
+            samples.append(await _timed(lambda: db.fetch(
+                queries.CLAIM_TASKS, "scale-claimer", 1, LEASE_TTL_MS,
+                [TIMER_AGENT, LOOP_AGENT], None)))
     elif measure.startswith("heartbeat_"):
         held = side.leases[:int(measure.split("_")[1])]
         ids, epochs = [t for t, _ in held], [e for _, e in held]
@@ -363,9 +371,9 @@ async def _verify(side: Side) -> None:
     assert report.ok, report
 
 
-LATENCY_MEASURES: Final = ("append_new", "append_old", "claim", "heartbeat_1", "heartbeat_100",
-                           "heartbeat_1000", "sweep_idle", "sweep_1000", "resume_1000",
-                           "verify", "list_page", "list_running")
+LATENCY_MEASURES: Final = ("append_new", "append_old", "claim", "claim_other", "heartbeat_1",
+                           "heartbeat_100", "heartbeat_1000", "sweep_idle", "sweep_1000",
+                           "resume_1000", "verify", "list_page", "list_running")
 
 
 async def latencies(sides: list[Side], rounds: int, ops: int) -> dict[str, Any]:

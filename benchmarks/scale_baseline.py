@@ -40,7 +40,7 @@ from wal_engine.store import queries
 
 STATEMENTS: Final = ("RENEW_LEASES", "LIST_TASKS", "CLAIM_TASKS", "BREAK_LEASES")
 MEASURES: Final = ("heartbeat_1", "heartbeat_100", "heartbeat_1000", "sweep_idle", "claim",
-                   "list_page", "list_running")
+                   "claim_other", "list_page", "list_running")
 
 
 def file_at(ref: str, path: str) -> str:
