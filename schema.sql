@@ -778,6 +778,7 @@ DECLARE
     claim_type text;
     claim record;
     candidates refcursor;
+    agents text[];
     pinned text;
     claimed integer := 0;
     rounds integer := 0;
@@ -805,69 +806,59 @@ BEGIN
                 AND coalesce((SELECT sum(w.running) FROM unnest(p_queues, p_queue_running)
                                                       AS w(queue, running)
                                WHERE w.queue = q.queue), 0) >= q.worker_concurrency_max));
+    agents := p_agents;
+    IF agents IS NULL THEN
+        WITH RECURSIVE due_agents(agent) AS (
+            SELECT min(t.agent) FROM wal_tasks t
+             WHERE t.tenant = my_tenant
+               AND (t.status IN ('QUEUED', 'RESUMING')
+                    OR (t.status = 'WAITING' AND t.wake_at IS NOT NULL))
+            UNION ALL
+            SELECT (SELECT min(t.agent) FROM wal_tasks t
+                     WHERE t.tenant = my_tenant AND t.agent > d.agent
+                       AND (t.status IN ('QUEUED', 'RESUMING')
+                            OR (t.status = 'WAITING' AND t.wake_at IS NOT NULL)))
+              FROM due_agents d WHERE d.agent IS NOT NULL
+        )
+        SELECT coalesce(array_agg(d.agent), '{}') INTO agents FROM due_agents d
+         WHERE d.agent IS NOT NULL;
+    END IF;
     LOOP
         rounds := rounds + 1;
         again := false;
-        -- The candidates, in claim order. A worker names its agents: each agent's first
-        -- due tasks come from wal_tasks_due_by_agent, in order, and the claim takes the
-        -- first of those (decision 74: through the tenant-wide order, a worker whose
-        -- agents had nothing due read the whole backlog of the other agents at every
-        -- claim, 99 ms with 100,000 of theirs queued). Without agents, the tenant-wide
-        -- order (wal_tasks_due_by_tenant).
-        IF p_agents IS NULL THEN
-            OPEN candidates FOR
-            SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
-                   t.agent_version, t.queue, t.partition_key, t.created_at
-              FROM wal_tasks t
-             WHERE t.tenant = my_tenant
-               AND (t.status IN ('QUEUED', 'RESUMING')
-                    OR (t.status = 'WAITING' AND t.wake_at <= now()))
-               AND (p_versions IS NULL OR t.agent_version IS NULL
-                    OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
-                                WHERE r.agent = t.agent AND r.version = t.agent_version))
-               AND t.queue <> ALL (closed)
-               AND t.task_id <> ALL (passed)
-               AND (t.partition_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM wal_tasks o
-                         WHERE o.tenant = my_tenant AND o.queue = t.queue
-                           AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
-                           AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
-                                OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
-                                    AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
-             ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
-             LIMIT p_limit - claimed
-               FOR UPDATE OF t SKIP LOCKED;
-        ELSE
-            OPEN candidates FOR
-            SELECT c.task_id, c.agent, c.status, c.lease_epoch, c.attempts, c.waiting_signal,
-                   c.agent_version, c.queue, c.partition_key, c.created_at
-              FROM (SELECT DISTINCT r.agent FROM unnest(p_agents) AS r(agent)) AS a
-             CROSS JOIN LATERAL (
-            SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
-                   t.agent_version, t.queue, t.partition_key, t.created_at, t.priority,
-                   coalesce(t.wake_at, t.created_at) AS due_at
-              FROM wal_tasks t
-             WHERE t.tenant = my_tenant AND t.agent = a.agent
-               AND (t.status IN ('QUEUED', 'RESUMING')
-                    OR (t.status = 'WAITING' AND t.wake_at <= now()))
-               AND (p_versions IS NULL OR t.agent_version IS NULL
-                    OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
-                                WHERE r.agent = t.agent AND r.version = t.agent_version))
-               AND t.queue <> ALL (closed)
-               AND t.task_id <> ALL (passed)
-               AND (t.partition_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM wal_tasks o
-                         WHERE o.tenant = my_tenant AND o.queue = t.queue
-                           AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
-                           AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
-                                OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
-                                    AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
-             ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
-             LIMIT p_limit - claimed
-               FOR UPDATE OF t SKIP LOCKED) AS c
-             ORDER BY c.priority DESC, c.due_at, c.task_id
-             LIMIT p_limit - claimed;
-        END IF;
+        -- The candidates, in claim order: each agent's first due tasks from
+        -- wal_tasks_due_by_agent, in that order, and the first of those taken (decision 74).
+        -- A worker names its agents; without them, the agents that have due tasks, one
+        -- index probe each (a skip scan of the same index).
+        OPEN candidates FOR
+        SELECT c.task_id, c.agent, c.status, c.lease_epoch, c.attempts, c.waiting_signal,
+               c.agent_version, c.queue, c.partition_key, c.created_at
+          FROM (SELECT DISTINCT r.agent FROM unnest(agents) AS r(agent)) AS a
+         CROSS JOIN LATERAL (
+        SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
+               t.agent_version, t.queue, t.partition_key, t.created_at, t.priority,
+               coalesce(t.wake_at, t.created_at) AS due_at
+          FROM wal_tasks t
+         WHERE t.tenant = my_tenant AND t.agent = a.agent
+           AND (t.status IN ('QUEUED', 'RESUMING')
+                OR (t.status = 'WAITING' AND t.wake_at <= now()))
+           AND (p_versions IS NULL OR t.agent_version IS NULL
+                OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
+                            WHERE r.agent = t.agent AND r.version = t.agent_version))
+           AND t.queue <> ALL (closed)
+           AND t.task_id <> ALL (passed)
+           AND (t.partition_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM wal_tasks o
+                     WHERE o.tenant = my_tenant AND o.queue = t.queue
+                       AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
+                       AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                            OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
+                                AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
+         ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
+         LIMIT p_limit - claimed
+           FOR UPDATE OF t SKIP LOCKED) AS c
+         ORDER BY c.priority DESC, c.due_at, c.task_id
+         LIMIT p_limit - claimed;
         LOOP
             FETCH candidates INTO due;
             EXIT WHEN NOT FOUND;
@@ -1476,16 +1467,15 @@ CREATE INDEX IF NOT EXISTS wal_tasks_partition_started ON wal_tasks (tenant, que
     WHERE partition_key IS NOT NULL
       AND status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING');
 -- The claim's order (wal_claim_tasks: due tasks by priority, then coalesce(wake_at,
--- created_at), task_id) as an index, so that a claim reads its first due rows instead of
--- sorting every queued task: with 20,000 queued the claim's scan took 16.3 ms (bitmap of
--- the whole queue, top-N sort), 0.03 ms with such an index (benchmarks/scale.py, issue 23).
--- A WAITING task with a wake time sorts by it, after every due one; one waiting for a
--- signal only is left out.
-CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
-    ON wal_tasks (tenant, priority DESC, (coalesce(wake_at, created_at)), task_id)
-    WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
--- The same order per agent: a worker's claim walks its own agents' due tasks only, not
--- the backlog of agents it does not run (decision 74).
+-- created_at), task_id) per agent, as an index, so that a claim reads its first due rows
+-- instead of sorting every queued task (with 20,000 queued the claim's scan took 16.3 ms,
+-- bitmap of the whole queue and top-N sort, 0.03 ms with an index in that order; issue 23)
+-- and reads only its own agents' (decision 74: with the order tenant-wide, a worker whose
+-- agents had nothing due read the whole backlog of the other agents at every claim, 47-99
+-- ms with 100,000 of theirs queued; kept beside this one, the tenant-wide index still won
+-- the plan whenever the statistics had seen one agent only). A WAITING task with a wake
+-- time sorts by it, after every due one; one waiting for a signal only is left out.
+DROP INDEX IF EXISTS wal_tasks_due_by_tenant;
 CREATE INDEX IF NOT EXISTS wal_tasks_due_by_agent
     ON wal_tasks (tenant, agent, priority DESC, (coalesce(wake_at, created_at)), task_id)
     WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);

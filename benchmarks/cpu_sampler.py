@@ -3,8 +3,8 @@
 ``python -m benchmarks.cpu_sampler --postmaster PID --out FILE [--seconds N]`` writes one
 JSON line per interval: the time, the machine's busy cores (``/proc/stat``), and the CPU
 (cores) used by the PostgreSQL server whose postmaster is PID (it and its children), by
-the scale benchmark's worker processes (``benchmarks.scale --worker``), by the benchmark's
-own process, and by everything else on the machine. Run beside
+the scale benchmark's worker processes (``benchmarks.scale --worker``, and how many run),
+by the benchmark's own process, and by everything else on the machine. Run beside
 ``python -m benchmarks.scale --admin-dsn ...`` on the same server to say what saturates
 when 1, 2 and 4 worker processes share 2 cores with PostgreSQL (docs/scaling.md).
 """
@@ -64,6 +64,8 @@ def sample(postmaster: int, out: Path, seconds: float, interval: float) -> None:
             busy, total = _machine_busy()
             used: dict[str, float] = {"postgres": 0.0, "workers": 0.0, "benchmark": 0.0,
                                       "other": 0.0}
+            worker_processes = sum(1 for pid, (parent, command, _) in now.items()
+                                   if _kind(pid, parent, command, postmaster) == "workers")
             for pid, (parent, command, cpu) in now.items():
                 previous = before.get(pid)
                 delta = cpu - (previous[2] if previous else 0.0)
@@ -75,6 +77,7 @@ def sample(postmaster: int, out: Path, seconds: float, interval: float) -> None:
             sink.write(json.dumps({
                 "t": round(time.time(), 1),
                 "machine_busy_cores": round((busy - busy_before) / max(1e-9, elapsed), 2),
+                "worker_processes": worker_processes,
                 **{kind: round(value / max(1e-9, elapsed), 2) for kind, value in used.items()},
                 "load_average": [round(x, 2) for x in os.getloadavg()],
             }) + "\n")
