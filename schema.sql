@@ -2131,7 +2131,8 @@ $more_policies$;
 
 -- ============================================================ schema version 5
 -- Version 5 (docs/architecture.md decision 74, issue 23's scale measurements): a claim
--- moves its task row once (wal_emit_event), and the status index is in task id order
+-- moves its task row once (wal_emit_event) and reads its agents' due tasks through
+-- wal_tasks_due_by_agent, and the status index is in task id order
 -- (wal_tasks_by_tenant_status_id). Applying this text over a version 4 database replaces
--- the index and wal_claim_tasks; code of version 4 is refused by its version check.
+-- those indexes and wal_claim_tasks; code of version 4 is refused by its version check.
 INSERT INTO wal_schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
