@@ -59,14 +59,15 @@ def draw(documents: list[dict[str, Any]], target: Path) -> Path:
     phases = ("to_sleep_s", "all_resuming_s", "all_next_step_s")
     names = ("submit until all asleep", "due until none waiting",
              "due until all ran the next step")
-    rows = [(f"{side}\n{_label(d) if side == 'filled' else 'empty'}", d["timers"][side])
+    rows = [(f"{side}\n" + (_label(d) if side == "filled"
+                             else f"{d['fill']['empty']['task_rows']:,} tasks"), d["timers"][side])
             for d in documents if "timers" in d for side in ("empty", "filled")]
     for index, (phase, name) in enumerate(zip(phases, names, strict=True)):
         timer_axis.barh([r + index * 0.25 for r in range(len(rows))],
                         [figures[phase] for _, figures in rows], 0.25, label=name,
                         color=COLOURS[index])
     timer_axis.axvline(10.0, color="black", linestyle="--", linewidth=1)
-    timer_axis.text(10.0, -0.5, " target 10 s", fontsize=8, va="bottom")
+    timer_axis.text(10.0, len(rows) - 0.35, " target 10 s", fontsize=8, va="bottom")
     timer_axis.set_yticks([r + 0.25 for r in range(len(rows))], [r for r, _ in rows],
                           fontsize=7)
     timer_axis.set_xlabel("seconds (4 worker processes)")
