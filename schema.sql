@@ -463,9 +463,17 @@ CREATE INDEX IF NOT EXISTS wal_tasks_claimable_by_tenant ON wal_tasks (tenant, c
     WHERE status IN ('QUEUED', 'RESUMING');
 CREATE INDEX IF NOT EXISTS wal_tasks_waking_by_tenant ON wal_tasks (tenant, wake_at)
     WHERE status = 'WAITING';
+-- The sweeper's index (expired leases first). It keeps heartbeats from being HOT updates
+-- (a renewal changes its key); without it every sweep read every leased task of the
+-- tenant, a cost that grew with the workers squared (docs/architecture.md decision 74).
 CREATE INDEX IF NOT EXISTS wal_tasks_leased_by_tenant ON wal_tasks (tenant, lease_expires_at)
     WHERE status IN ('RUNNING', 'CHECKPOINTED');
-CREATE INDEX IF NOT EXISTS wal_tasks_by_tenant_status ON wal_tasks (tenant, status, created_at);
+-- Tasks of a status in task id order: the listing with a status filter (`tasks --status`,
+-- paged by task id) reads its page from here instead of walking the primary key past
+-- every task of other statuses (decision 74; created_at, its third column up to schema
+-- version 4, ordered nothing).
+DROP INDEX IF EXISTS wal_tasks_by_tenant_status;
+CREATE INDEX IF NOT EXISTS wal_tasks_by_tenant_status_id ON wal_tasks (tenant, status, task_id);
 CREATE INDEX IF NOT EXISTS wal_signals_by_tenant_task
     ON wal_signals (tenant, task_id, name, signal_id);
 
@@ -760,23 +768,24 @@ END;
 $$;
 
 -- Append one event written by the database itself to a task the caller has locked FOR
--- UPDATE. Moves the head (and the status, when new_status is not NULL) and returns the
--- new seq. The payload is JSON text built by the caller; its bytes are what is hashed.
-CREATE OR REPLACE FUNCTION wal_emit(
-    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint, p_new_status text
-) RETURNS bigint
+-- UPDATE, without touching the task row: its seq, hash and recorded time. The payload is
+-- JSON text built by the caller; its bytes are what is hashed. wal_emit moves the row too;
+-- the claim (wal_claim_tasks) writes its events with this and moves the row once
+-- (decision 74: one row version per claim instead of three or four).
+CREATE OR REPLACE FUNCTION wal_emit_event(
+    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint,
+    OUT o_seq bigint, OUT o_hash bytea, OUT o_recorded_at timestamptz
+)
 LANGUAGE plpgsql AS $$
 DECLARE
     my_tenant text := current_setting('wal.tenant', true);
     head record;
     body bytea := convert_to(p_payload::text, 'UTF8');
+BEGIN
     -- The time of writing, not of the transaction's start: a claim that waited for its
     -- queue's lock (wal_claim_tasks) records when it claimed, so the log's claim and
     -- release events order a queue's slots as they were taken and given back.
-    stamp timestamptz := clock_timestamp();
-    next_seq bigint;
-    next_hash bytea;
-BEGIN
+    o_recorded_at := clock_timestamp();
     -- The log's last event is the head (the task row's copy is as of its last status
     -- move). A writer racing for the same seq makes the INSERT below fail on the primary
     -- key, which the callers treat as "try again later".
@@ -785,19 +794,34 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown task %', p_task_id USING ERRCODE = 'WE004';
     END IF;
-    next_seq := head.head_seq + 1;
-    next_hash := wal_event_hash_v2(head.head_hash, p_task_id, next_seq, p_type, 1, p_epoch,
-                                   stamp, NULL, body);
+    o_seq := head.head_seq + 1;
+    o_hash := wal_event_hash_v2(head.head_hash, p_task_id, o_seq, p_type, 1, p_epoch,
+                                o_recorded_at, NULL, body);
     INSERT INTO wal_events (task_id, seq, type, version, epoch, payload, hash, recorded_at,
                             chain_version)
-    VALUES (p_task_id, next_seq, p_type, 1, p_epoch, body, next_hash, stamp, 2);
+    VALUES (p_task_id, o_seq, p_type, 1, p_epoch, body, o_hash, o_recorded_at, 2);
+END;
+$$;
+
+-- Append one event written by the database itself to a task the caller has locked FOR
+-- UPDATE (wal_emit_event). Moves the head (and the status, when new_status is not NULL)
+-- and returns the new seq.
+CREATE OR REPLACE FUNCTION wal_emit(
+    p_task_id text, p_type text, p_payload jsonb, p_epoch bigint, p_new_status text
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    my_tenant text := current_setting('wal.tenant', true);
+    written record;
+BEGIN
+    written := wal_emit_event(p_task_id, p_type, p_payload, p_epoch);
     UPDATE wal_tasks
-       SET head_seq = next_seq, head_hash = next_hash,
+       SET head_seq = written.o_seq, head_hash = written.o_hash,
            status = coalesce(p_new_status, status),
            status_path = CASE WHEN p_new_status IS NULL THEN NULL ELSE ARRAY[p_new_status] END,
            updated_at = now()
      WHERE tenant = my_tenant AND task_id = p_task_id;
-    RETURN next_seq;
+    RETURN written.o_seq;
 END;
 $$;
 
@@ -843,7 +867,9 @@ DECLARE
     due record;
     new_epoch bigint;
     claim_type text;
-    claim_seq bigint;
+    claim record;
+    candidates refcursor;
+    agents text[];
     pinned text;
     claimed integer := 0;
     rounds integer := 0;
@@ -871,33 +897,62 @@ BEGIN
                 AND coalesce((SELECT sum(w.running) FROM unnest(p_queues, p_queue_running)
                                                       AS w(queue, running)
                                WHERE w.queue = q.queue), 0) >= q.worker_concurrency_max));
+    agents := p_agents;
+    IF agents IS NULL THEN
+        WITH RECURSIVE due_agents(agent) AS (
+            SELECT min(t.agent) FROM wal_tasks t
+             WHERE t.tenant = my_tenant
+               AND (t.status IN ('QUEUED', 'RESUMING')
+                    OR (t.status = 'WAITING' AND t.wake_at IS NOT NULL))
+            UNION ALL
+            SELECT (SELECT min(t.agent) FROM wal_tasks t
+                     WHERE t.tenant = my_tenant AND t.agent > d.agent
+                       AND (t.status IN ('QUEUED', 'RESUMING')
+                            OR (t.status = 'WAITING' AND t.wake_at IS NOT NULL)))
+              FROM due_agents d WHERE d.agent IS NOT NULL
+        )
+        SELECT coalesce(array_agg(d.agent), '{}') INTO agents FROM due_agents d
+         WHERE d.agent IS NOT NULL;
+    END IF;
     LOOP
         rounds := rounds + 1;
         again := false;
-        FOR due IN
-            SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
-                   t.agent_version, t.queue, t.partition_key, t.created_at
-              FROM wal_tasks t
-             WHERE t.tenant = my_tenant
-               AND (t.status IN ('QUEUED', 'RESUMING')
-                    OR (t.status = 'WAITING' AND t.wake_at <= now()))
-               AND (p_agents IS NULL OR t.agent = ANY (p_agents))
-               AND (p_versions IS NULL OR t.agent_version IS NULL
-                    OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
-                                WHERE r.agent = t.agent AND r.version = t.agent_version))
-               AND t.queue <> ALL (closed)
-               AND t.task_id <> ALL (passed)
-               AND (t.partition_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM wal_tasks o
-                         WHERE o.tenant = my_tenant AND o.queue = t.queue
-                           AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
-                           AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
-                                OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
-                                    AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
-             ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
-             LIMIT p_limit - claimed
-               FOR UPDATE OF t SKIP LOCKED
+        -- The candidates, in claim order: each agent's first due tasks from
+        -- wal_tasks_due_by_agent, in that order, and the first of those taken (decision 74).
+        -- A worker names its agents; without them, the agents that have due tasks, one
+        -- index probe each (a skip scan of the same index).
+        OPEN candidates FOR
+        SELECT c.task_id, c.agent, c.status, c.lease_epoch, c.attempts, c.waiting_signal,
+               c.agent_version, c.queue, c.partition_key, c.created_at
+          FROM (SELECT DISTINCT r.agent FROM unnest(agents) AS r(agent)) AS a
+         CROSS JOIN LATERAL (
+        SELECT t.task_id, t.agent, t.status, t.lease_epoch, t.attempts, t.waiting_signal,
+               t.agent_version, t.queue, t.partition_key, t.created_at, t.priority,
+               coalesce(t.wake_at, t.created_at) AS due_at
+          FROM wal_tasks t
+         WHERE t.tenant = my_tenant AND t.agent = a.agent
+           AND (t.status IN ('QUEUED', 'RESUMING')
+                OR (t.status = 'WAITING' AND t.wake_at <= now()))
+           AND (p_versions IS NULL OR t.agent_version IS NULL
+                OR EXISTS (SELECT 1 FROM unnest(p_agents, p_versions) AS r(agent, version)
+                            WHERE r.agent = t.agent AND r.version = t.agent_version))
+           AND t.queue <> ALL (closed)
+           AND t.task_id <> ALL (passed)
+           AND (t.partition_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM wal_tasks o
+                     WHERE o.tenant = my_tenant AND o.queue = t.queue
+                       AND o.partition_key = t.partition_key AND o.task_id <> t.task_id
+                       AND (o.status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING')
+                            OR (t.status = 'QUEUED' AND o.status = 'QUEUED'
+                                AND (o.created_at, o.task_id) < (t.created_at, t.task_id)))))
+         ORDER BY t.priority DESC, coalesce(t.wake_at, t.created_at), t.task_id
+         LIMIT p_limit - claimed
+           FOR UPDATE OF t SKIP LOCKED) AS c
+         ORDER BY c.priority DESC, c.due_at, c.task_id
+         LIMIT p_limit - claimed;
         LOOP
+            FETCH candidates INTO due;
+            EXIT WHEN NOT FOUND;
             i := array_position(q_names, due.queue);
             IF i IS NULL THEN
                 SELECT q.concurrency_max, q.worker_concurrency_max INTO found_limits
@@ -967,42 +1022,42 @@ BEGIN
                                        WITH ORDINALITY AS r(agent, version, n)
                                  WHERE r.agent = due.agent ORDER BY r.n LIMIT 1),
                                due.agent_version);
+            -- The events first (a woken task's task_woken, then its claim), then the row
+            -- in one UPDATE: its status walk (the trigger checks it), head and lease (one
+            -- row version per claim, decision 74; no other transaction sees the row in
+            -- between, it is locked FOR UPDATE). The lease runs from the claim as its event
+            -- records it, to the microsecond (the process can be descheduled before the
+            -- event's clock reading; a sweep must never find a lease broken before TTL
+            -- after its claim event).
             IF due.status = 'WAITING' THEN
-                PERFORM wal_emit(due.task_id, 'task_woken',
-                                 jsonb_build_object('reason', CASE WHEN due.waiting_signal IS NULL
-                                                                   THEN 'timer' ELSE 'timeout' END),
-                                 due.lease_epoch, 'RESUMING');
+                PERFORM wal_emit_event(due.task_id, 'task_woken',
+                                       jsonb_build_object('reason',
+                                                          CASE WHEN due.waiting_signal IS NULL
+                                                               THEN 'timer' ELSE 'timeout' END),
+                                       due.lease_epoch);
             END IF;
             claim_type := CASE WHEN due.status = 'QUEUED' THEN 'task_claimed' ELSE 'task_resumed' END;
+            claim := wal_emit_event(due.task_id, claim_type,
+                                    jsonb_strip_nulls(jsonb_build_object(
+                                        'worker_id', p_worker, 'attempt', due.attempts + 1,
+                                        'agent_version', pinned)),
+                                    new_epoch);
             UPDATE wal_tasks t
-               SET lease_epoch = new_epoch, lease_owner = p_worker,
-                   -- From the time of the claim, as its event records it (wal_emit:
-                   -- clock_timestamp()): a claim that waited for its queue's lock would
-                   -- otherwise hold a lease that ends before TTL after its claim event.
-                   lease_expires_at = clock_timestamp()
+               SET head_seq = claim.o_seq, head_hash = claim.o_hash, status = 'RUNNING',
+                   status_path = CASE WHEN due.status = 'WAITING'
+                                      THEN ARRAY['RESUMING', 'RUNNING'] ELSE ARRAY['RUNNING'] END,
+                   updated_at = now(),
+                   lease_epoch = new_epoch, lease_owner = p_worker,
+                   lease_expires_at = claim.o_recorded_at
                                       + make_interval(secs => p_lease_ttl_ms / 1000.0),
                    wake_at = NULL, waiting_signal = NULL, attempts = due.attempts + 1,
                    started_at = coalesce(t.started_at, now()), agent_version = pinned
              WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
-            claim_seq := wal_emit(due.task_id, claim_type,
-                                  jsonb_strip_nulls(jsonb_build_object(
-                                      'worker_id', p_worker, 'attempt', due.attempts + 1,
-                                      'agent_version', pinned)),
-                                  new_epoch, 'RUNNING');
-            -- The lease runs from the claim as its event records it, to the microsecond
-            -- (the process can be descheduled between the UPDATE above and the event's
-            -- clock reading; a sweep must never find a lease broken before TTL after its
-            -- claim event).
-            UPDATE wal_tasks t
-               SET lease_expires_at = e.recorded_at
-                                      + make_interval(secs => p_lease_ttl_ms / 1000.0)
-              FROM wal_events e
-             WHERE t.tenant = my_tenant AND t.task_id = due.task_id
-               AND e.tenant = my_tenant AND e.task_id = due.task_id AND e.seq = claim_seq;
             RETURN QUERY SELECT t.task_id, t.agent, t.lease_epoch, t.head_seq, t.head_hash,
                                 t.attempts, t.started_at, now(), t.agent_version, t.queue
                            FROM wal_tasks t WHERE t.tenant = my_tenant AND t.task_id = due.task_id;
         END LOOP;
+        CLOSE candidates;
         -- Another round only when this one stopped short for a queue or a partition (each
         -- round closes a queue or passes a task, and there are at most 8 rounds).
         EXIT WHEN NOT again OR claimed >= p_limit OR rounds >= 8;
@@ -1543,13 +1598,17 @@ CREATE INDEX IF NOT EXISTS wal_tasks_partition_started ON wal_tasks (tenant, que
     WHERE partition_key IS NOT NULL
       AND status IN ('RUNNING', 'CHECKPOINTED', 'WAITING', 'RESUMING');
 -- The claim's order (wal_claim_tasks: due tasks by priority, then coalesce(wake_at,
--- created_at), task_id) as an index, so that a claim reads its first due rows instead of
--- sorting every queued task: with 20,000 queued the claim's scan took 16.3 ms (bitmap of
--- the whole queue, top-N sort), 0.03 ms with such an index (benchmarks/scale.py, issue 23).
--- A WAITING task with a wake time sorts by it, after every due one; one waiting for a
--- signal only is left out.
-CREATE INDEX IF NOT EXISTS wal_tasks_due_by_tenant
-    ON wal_tasks (tenant, priority DESC, (coalesce(wake_at, created_at)), task_id)
+-- created_at), task_id) per agent, as an index, so that a claim reads its first due rows
+-- instead of sorting every queued task (with 20,000 queued the claim's scan took 16.3 ms,
+-- bitmap of the whole queue and top-N sort, 0.03 ms with an index in that order; issue 23)
+-- and reads only its own agents' (decision 74: with the order tenant-wide, a worker whose
+-- agents had nothing due read the whole backlog of the other agents at every claim, 47-99
+-- ms with 100,000 of theirs queued; kept beside this one, the tenant-wide index still won
+-- the plan whenever the statistics had seen one agent only). A WAITING task with a wake
+-- time sorts by it, after every due one; one waiting for a signal only is left out.
+DROP INDEX IF EXISTS wal_tasks_due_by_tenant;
+CREATE INDEX IF NOT EXISTS wal_tasks_due_by_agent
+    ON wal_tasks (tenant, agent, priority DESC, (coalesce(wake_at, created_at)), task_id)
     WHERE status IN ('QUEUED', 'RESUMING') OR (status = 'WAITING' AND wake_at IS NOT NULL);
 
 -- Row security: the log's policy (section "tenant policies", at the end).
@@ -2259,6 +2318,13 @@ BEGIN
     END LOOP;
 END;
 $more_policies$;
+
+-- ============================================================ schema version 5
+-- Version 5 (docs/architecture.md decision 74, issue 23's scale measurements): a claim
+-- moves its task row once (wal_emit_event) and reads its agents' due tasks through
+-- wal_tasks_due_by_agent, and the status index is in task id order
+-- (wal_tasks_by_tenant_status_id). Applying this text over a version 4 database replaces
+-- those indexes and wal_claim_tasks; code of version 4 is refused by its version check.
 
 -- ============================================================ partitioning (version 5)
 -- The log's per-task tables (wal_events, wal_snapshots, wal_snapshot_segments, wal_blobs)

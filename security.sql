@@ -244,7 +244,8 @@ BEGIN
     FOR item IN
         SELECT p.oid::regprocedure AS signature FROM pg_proc p
          WHERE p.pronamespace = schema_oid
-           AND p.proname IN ('wal_emit', 'wal_check_status_move', 'wal_refuse_change',
+           AND p.proname IN ('wal_emit', 'wal_emit_event', 'wal_check_status_move',
+                             'wal_refuse_change',
                              'wal_wake_token', 'wal_trusted_tenant',
                              'wal_refuse_archived_id', 'wal_retention_remove',
                              'wal_secure_partition', 'wal_ensure_partitions',

@@ -12,14 +12,17 @@ databases in the same run, interleaved round by round:
 * ``append_new`` / ``append_old``: one tool step's two appends (intent, result) on a task
   created now and on a 1,000-step task created 90 days ago;
 * ``claim``: one claim (``wal_claim_tasks``, limit 1) with the queue described above;
+  ``claim_other``: a claim by a worker of other agents, which finds nothing due;
 * ``heartbeat_1/100/1000``: the renewal statement for that many leases of one worker;
 * ``sweep_idle``: the sweeper's statement when nothing expired; ``sweep_1000``: all its
   statements (batches of the worker's ``sweep_batch_max``) after 1,000 leases expired;
 * ``resume_1000``: the read and fold of a 1,000-step task (no snapshot); ``verify``: the
   verification of that task; ``list_page``: one page of 50 of ``tasks`` filtered by
-  status and agent, walking pages;
+  status and agent, walking pages; ``list_running``: the same for the RUNNING tasks (the
+  1,000 leases), a rare status among the finished ones;
 * ``timers``: ``--timers`` tasks sleeping until the same moment, 4 worker processes: the
-  time from that moment until none is WAITING and until all completed their next step;
+  time from that moment until none is WAITING and until all completed their next step,
+  and the workers' RSS with none of their tasks waiting, with all asleep, and after;
 * ``workers``: ``--running`` tasks stepping in 1, 2 and 4 worker processes (their sum
   holding all of them), with the timers' tasks still WAITING in the database: steps/s,
   RSS and CPU per step of each process, its event-loop thread's share of the window on a
@@ -249,6 +252,7 @@ class Side:
         self.old_head: harness.LocalHead | None = None
         self.leases: list[tuple[str, int]] = []
         self.page_after = ""
+        self.running_after = ""
 
     async def prepare(self) -> None:
         """A new claimed task, the old task's head, 1,000 leases of one worker."""
@@ -304,6 +308,13 @@ async def measure_side(side: Side, measure: str, ops: int) -> list[int]:
         for _ in range(ops):
             samples.append(await _timed(lambda: db.fetch(
                 queries.CLAIM_TASKS, "scale-claimer", 1, LEASE_TTL_MS, [FILL_AGENT], None)))
+    elif measure == "claim_other":
+        # A worker whose agents have nothing due while another agent's queue is long:
+        # its claims find nothing, and should not read that queue to find it.
+        for _ in range(ops):
+            samples.append(await _timed(lambda: db.fetch(
+                queries.CLAIM_TASKS, "scale-claimer", 1, LEASE_TTL_MS,
+                [TIMER_AGENT, LOOP_AGENT], None)))
     elif measure.startswith("heartbeat_"):
         held = side.leases[:int(measure.split("_")[1])]
         ids, epochs = [t for t, _ in held], [e for _, e in held]
@@ -341,6 +352,14 @@ async def measure_side(side: Side, measure: str, ops: int) -> list[int]:
                                                after_task_id=side.page_after, limit=LIST_PAGE)
             samples.append(time.perf_counter_ns() - start)
             side.page_after = page[-1].task_id if len(page) == LIST_PAGE else ""
+    elif measure == "list_running":
+        # A rare status among many finished tasks (the 1,000 leases held for the heartbeats).
+        for _ in range(ops):
+            start = time.perf_counter_ns()
+            page = await side.store.list_tasks(status="RUNNING", after_task_id=side.running_after,
+                                               limit=LIST_PAGE)
+            samples.append(time.perf_counter_ns() - start)
+            side.running_after = page[-1].task_id if len(page) == LIST_PAGE else ""
     else:
         raise ValueError(measure)
     return samples
@@ -356,9 +375,9 @@ async def _verify(side: Side) -> None:
     assert report.ok, report
 
 
-LATENCY_MEASURES: Final = ("append_new", "append_old", "claim", "heartbeat_1", "heartbeat_100",
-                           "heartbeat_1000", "sweep_idle", "sweep_1000", "resume_1000",
-                           "verify", "list_page")
+LATENCY_MEASURES: Final = ("append_new", "append_old", "claim", "claim_other", "heartbeat_1",
+                           "heartbeat_100", "heartbeat_1000", "sweep_idle", "sweep_1000",
+                           "resume_1000", "verify", "list_page", "list_running")
 
 
 async def latencies(sides: list[Side], rounds: int, ops: int) -> dict[str, Any]:
@@ -522,24 +541,40 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
     """``count`` sleeping tasks made due at one moment; 4 worker processes wake them."""
     db = side.store.database
     tag = f"t{time.monotonic_ns() % 10**8}"
-    await _submit_many(side.engine, TIMER_AGENT, count, None, f"{tag}")
+    # The workers first, so that their RSS is read with no task of theirs waiting, then
+    # with all ``count`` asleep (a waiting task should cost a worker no memory: its run
+    # ended at the sleep and its lease went back to the database), then after they ran.
     workers = Workers(side.dsn, TIMER_WORKERS, max(1, min(250, count // TIMER_WORKERS + 1)), tag)
     try:
+        await asyncio.sleep(1.0)  # Past the first claims' and the listener's start.
+        rss_idle = workers.rss_mib()
+        submitted = time.monotonic()
+        await _submit_many(side.engine, TIMER_AGENT, count, None, f"{tag}")
+
         async def status_count(status: str) -> int:
+            # A range of the (tenant, status, task_id) index: polled every 20 ms, a LIKE
+            # would scan the table, a cost on the server that grows with the fill.
             return int(await _value(db,
-                "SELECT count(*) FROM wal_tasks WHERE tenant = $1 AND agent = $2"
-                " AND task_id LIKE $3 AND status = $4", TENANT, TIMER_AGENT, f"{tag}-%", status))
+                "SELECT count(*) FROM wal_tasks WHERE tenant = $1 AND status = $2"
+                " AND task_id >= $3 AND task_id < $4", TENANT, status, f"{tag}-", f"{tag}."))
 
         async def all_waiting() -> bool:
             return await status_count("WAITING") == count
 
-        to_sleep_s = await _until(all_waiting, timeout_s, "all timers started")
+        await _until(all_waiting, timeout_s, "all timers started")
+        to_sleep_s = time.monotonic() - submitted  # From the first submission.
+        rss_waiting = workers.rss_mib()
         moment = await _value(db,
             "WITH due AS (UPDATE wal_tasks SET wake_at = now() + interval '1 second'"
             " WHERE tenant = $1 AND agent = $2 AND task_id LIKE $3 AND status = 'WAITING'"
             " RETURNING wake_at) SELECT max(wake_at) FROM due", TENANT, TIMER_AGENT, f"{tag}-%")
         now = await _value(db, "SELECT now()")
         await asyncio.sleep(max(0.0, (moment - now).total_seconds()))
+        # CPU seconds of the server and of the workers from the moment to the end: what
+        # the wake-up costs, less disturbed by the other load of a shared machine than
+        # its time.
+        postmaster = await _postmaster_pid(db)
+        server_cpu0, workers_cpu0 = _tree_cpu_s(postmaster), sum(workers.cpu_s())
 
         async def none_waiting() -> bool:
             return await status_count("WAITING") == 0
@@ -549,11 +584,49 @@ async def timers(side: Side, count: int, timeout_s: float) -> dict[str, Any]:
 
         woken_s = await _until(none_waiting, timeout_s, "all timers woken")
         completed_s = woken_s + await _until(all_completed, timeout_s, "all woken tasks done")
+        server_cpu_s = _tree_cpu_s(postmaster) - server_cpu0
+        workers_cpu_s = sum(workers.cpu_s()) - workers_cpu0
+        rss_done = workers.rss_mib()
     finally:
         workers.stop()
     return {"timers": count, "workers": TIMER_WORKERS, "to_sleep_s": round(to_sleep_s, 2),
             "all_resuming_s": round(woken_s, 2), "all_next_step_s": round(completed_s, 2),
-            "target_met": completed_s < 10.0}
+            "target_met": completed_s < 10.0,
+            "rss_mib_none_waiting": rss_idle, "rss_mib_all_waiting": rss_waiting,
+            "rss_mib_all_done": rss_done, "server_cpu_s": round(server_cpu_s, 2),
+            "workers_cpu_s": round(workers_cpu_s, 2),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+async def _postmaster_pid(db: Any) -> int | None:
+    """The server's postmaster pid (its data directory's postmaster.pid), when readable."""
+    directory = await _value(db, "SELECT setting FROM pg_settings WHERE name = 'data_directory'")
+
+    def read() -> int | None:
+        try:
+            return int(Path(directory, "postmaster.pid").read_text().split()[0])
+        except (OSError, TypeError, ValueError, IndexError):
+            return None
+
+    return await asyncio.to_thread(read)
+
+
+def _tree_cpu_s(postmaster: int | None) -> float:
+    """CPU seconds of the postmaster and its children (its backends), or NaN."""
+    if postmaster is None:
+        return float("nan")
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == postmaster or int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
 
 
 CEILING_INSERT: Final = (
@@ -663,6 +736,27 @@ async def create_database(admin_dsn: str, name: str) -> str:
     return dsn
 
 
+async def settle(admin_dsn: str, databases: list[str], timeout_s: float) -> float:
+    """CHECKPOINT, then wait (up to ``timeout_s``) until no autovacuum worker runs in
+    ``databases``: a fill of gigabytes leaves a checkpoint and autovacuums behind, and a
+    latency measured while they run on 2 cores measures them (at 200,000 tasks heartbeats
+    read 5x slower during them and flat after). Returns the seconds waited."""
+    started = time.monotonic()
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute("CHECKPOINT")
+        while time.monotonic() - started < timeout_s:
+            busy = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                " AND datname = ANY($1::text[])", databases)
+            if not busy:
+                break
+            await asyncio.sleep(1.0)
+    finally:
+        await admin.close()
+    return round(time.monotonic() - started, 1)
+
+
 async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
     """Fill both databases, measure both, return the document."""
     print(f"filling: empty fixture {args.empty_tasks:,} tasks / {args.empty_events:,} events;"
@@ -694,6 +788,11 @@ async def run(args: argparse.Namespace, admin_dsn: str) -> dict[str, Any]:
             register(engine)
         for side in sides:
             await side.prepare()
+        document["settle_s"] = await settle(
+            admin_dsn, [f"{args.database_prefix}_{label}" for label in ("empty", "filled")],
+            args.timeout)
+        print(f"settled (checkpoint, no autovacuum running) in {document['settle_s']} s",
+              flush=True)
         print(f"latencies ({args.rounds} rounds, {args.ops} ops per round and side):",
               flush=True)
         document["latencies"] = await latencies(sides, args.rounds, args.ops)
