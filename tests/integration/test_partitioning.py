@@ -132,15 +132,11 @@ def _hot_statements(task_id: str) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "READ_TAIL": (resume.READ_TAIL, (task_id, 0, 10, 10)),
         "LATEST_SNAPSHOT_SEQ": (resume.LATEST_SNAPSHOT_SEQ, (task_id, 4)),
         # The functions' statements: a database-written event's head (claims, wake-ups,
-        # orphaning), the claim's lease read back from its event, snapshots written and
-        # dropped.
-        "wal_emit head": (_function_statement(
-            "wal_emit", "SELECT e.seq AS head_seq",
+        # orphaning; the claim's lease is taken from the event it wrote, decision 74),
+        # snapshots written and dropped.
+        "wal_emit_event head": (_function_statement(
+            "wal_emit_event", "SELECT e.seq AS head_seq",
             {"my_tenant": "$1::text", "p_task_id": "$2::text"}), ("default", task_id)),
-        "wal_claim_tasks lease": (_function_statement(
-            "wal_claim_tasks", "UPDATE wal_tasks t\n               SET lease_expires_at = e.",
-            {"my_tenant": "$1::text", "due.task_id": "$2::text", "claim_seq": "$3::bigint",
-             "p_lease_ttl_ms": "$4::bigint"}), ("default", task_id, 2, 1000)),
         "wal_save_snapshot": (_function_statement(
             "wal_save_snapshot", "WITH missing AS", {
                 "p_task_id": "$1::text", "p_seq": "$2::bigint", "p_state": "$3::bytea",
@@ -189,7 +185,7 @@ async def test_hot_statements_touch_one_partition(database_dsn: str, store: Stor
             for table, partitions in touched.items():
                 assert partitions == {table + expected}, (name, table, partitions, text)
             scans = {"OBSERVE_ONE", "OBSERVE_MANY", "TRANSITION", "READ_HEAD", "READ_EVENTS",
-                     "RESUME_HEAD", "READ_BLOB_CHUNKS", "wal_emit head",
+                     "RESUME_HEAD", "READ_BLOB_CHUNKS", "wal_emit_event head",
                      "wal_save_snapshot", "wal_delete_snapshots"}
             if name in scans:
                 assert touched, (name, "scans no partition", text)

@@ -55,7 +55,8 @@ MULTI: Final = {
 """Statements that reach many tasks on purpose, each with the reason."""
 
 HOT_FUNCTIONS: Final = {
-    "wal_emit": "p_task_id", "wal_send_signal": "p_task_id", "wal_cancel_task": "p_task_id",
+    "wal_emit": "p_task_id", "wal_emit_event": "p_task_id",
+    "wal_send_signal": "p_task_id", "wal_cancel_task": "p_task_id",
     "wal_count_signal": "p_task_id", "wal_save_snapshot": "p_task_id",
     "wal_delete_snapshots": "p_task_id",
 }
