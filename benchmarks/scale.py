@@ -65,6 +65,7 @@ from wal_engine import events as vocabulary
 from wal_engine.chain import GENESIS_HASH, event_hash_v2
 from wal_engine.embedded import EmbeddedPostgres
 from wal_engine.engine import Engine, connect
+from wal_engine.ids import new_task_id
 from wal_engine.runtime.context import AgentContext
 from wal_engine.runtime.resume import read_state
 from wal_engine.runtime.worker import sweep_batch_max
@@ -75,7 +76,17 @@ NAME: Final = "scale"
 REPO: Final = Path(__file__).resolve().parents[1]
 TENANT: Final = "default"
 FILL_AGENT: Final = "scale"
-OLD_TASK: Final = "scale-old-task"
+def _old_task_id() -> str:
+    """The 1,000-step task's id: time-ordered like the engine's (``new_task_id``'s layout),
+    minted 90 days before today's midnight (UTC), so it falls in its month's partition
+    (decision 70) and every process of one run names it alike."""
+    today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    millis = int((today - dt.timedelta(days=90)).timestamp() * 1000)
+    return f"t-{(millis << 80) | (0x7 << 76) | (0b10 << 62):032x}"
+
+
+OLD_TASK: Final = _old_task_id()
+FILL_SPAN_DAYS: Final = 90
 OLD_STEPS: Final = 1000
 HEARTBEAT_AGENT: Final = "scale_hb"
 HEARTBEAT_WORKER: Final = "scale-hb"
@@ -189,8 +200,12 @@ def plan(tasks: int, events: int, queued: int | None = None) -> dict[str, int]:
     done = max(0, tasks - queued - waiting - 1)
     rest = events - queued - 3 * waiting - (2 + 2 * OLD_STEPS)
     per_done = max(3, rest // max(1, done))
-    return {"queued": queued, "waiting": waiting, "done": done,
-            "done_steps": max(0, (per_done - 3) // 2)}
+    steps = max(0, (per_done - 3) // 2)
+    # The rest of the events, two per step, as one more step on the first finished tasks:
+    # the fill holds at least the events asked for (9,921,991 of 10,000,000 without it).
+    short = rest - done * (3 + 2 * steps)
+    return {"queued": queued, "waiting": waiting, "done": done, "done_steps": steps,
+            "done_extra": min(done, max(0, -(-short // 2)))}
 
 
 async def fill(dsn: str, tasks: int, events: int, *, queued: int | None = None) -> dict[str, Any]:
@@ -202,16 +217,24 @@ async def fill(dsn: str, tasks: int, events: int, *, queued: int | None = None) 
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute("SET session_replication_role = replica")  # no triggers
-        span_s = 90 * 86_400
+        span_s = FILL_SPAN_DAYS * 86_400
         total = layout["done"] + layout["waiting"] + layout["queued"]
-        filler.task(OLD_TASK, base - dt.timedelta(days=90), "running", OLD_STEPS)
+        # The month partitions of the span (decision 70): the engine creates this month's
+        # and the next ones; a fill dated back needs the past months too.
+        await connection.fetchval(
+            "SELECT count(*) FROM wal_ensure_partitions($1, $2)",
+            FILL_SPAN_DAYS // 28 + 2, base - dt.timedelta(days=FILL_SPAN_DAYS + 1))
+        filler.task(OLD_TASK, base - dt.timedelta(days=FILL_SPAN_DAYS), "running", OLD_STEPS)
         index = 0
         for kind in ("done", "waiting", "queued"):
             for _ in range(layout[kind]):
                 # Finished tasks are the oldest; the queue and the waiting tasks the newest.
+                # Ids are time-ordered as the engine mints them, so each task's rows land
+                # in its creation month's partition.
                 created = base - dt.timedelta(seconds=span_s * (1 - index / max(1, total)))
-                filler.task(f"fill-{index:09d}", created, kind,
-                            layout["done_steps"] if kind == "done" else 0)
+                steps = layout["done_steps"] + (index < layout["done_extra"]) \
+                    if kind == "done" else 0
+                filler.task(new_task_id(int(created.timestamp() * 1000)), created, kind, steps)
                 index += 1
                 await filler.flush(connection)
         await filler.flush(connection, force=True)

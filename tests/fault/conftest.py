@@ -57,8 +57,11 @@ class FaultHarness:
         rows = await self.effects()
         assert rows, "no side effect happened at all"
         assert [r["key"] for r in rows if r["applied"] != 1] == []
-        intents = {r["idempotency_key"] for r in await self.engine.database.fetch(
-            "SELECT idempotency_key FROM wal_events WHERE idempotency_key IS NOT NULL")}
+        # An intent's own key is derived from its task and seq, not stored (decision 71):
+        # wal_event_key gives every event's key as the engine reads it.
+        intents = {r["key"] for r in await self.engine.database.fetch(
+            "SELECT wal_event_key(chain_version, type, task_id, seq, idempotency_key) AS key"
+            "  FROM wal_events WHERE idempotency_key IS NOT NULL")} - {None}
         assert {r["key"] for r in rows} <= intents
         return rows
 

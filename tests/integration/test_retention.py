@@ -392,3 +392,34 @@ async def test_retention_of_2000_tasks_figures(store: Store, tmp_path: Path) -> 
         f"{(ran - planned) * 1000:.0f} ms = {(ran - planned) / FIGURE_TASKS * 1e6:.0f} µs/task; "
         f"archives {sum(sizes)} bytes = {sum(sizes) // FIGURE_TASKS} bytes/task; offline "
         f"verify {(checked - ran) * 1000:.0f} ms")
+
+
+async def test_an_intents_derived_key_is_archived_and_kept_in_the_tombstone(
+        store: Store, database_dsn: str, tmp_path: Path) -> None:
+    """An intent's own key is not stored in its row (decision 71: derived from task and
+    seq); the archive's task line and the tombstone still list it, so a late duplicate of
+    the call dedups after the rows are gone."""
+    await store.create_task("derived-1", "agent")
+    await claim(store.database)
+    head = await store.read_head("derived-1")
+    key = f"idem:derived-1:{head.head_seq + 1}"
+    intent = ev.ToolCallIntended(call_id="c1", tool="charge", args={"n": 1}, args_hash="00",
+                                 idempotency_key=key)
+    done = ev.TaskCompleted(output=None)
+    await store.append_events("derived-1", [intent, done], epoch=head.lease_epoch,
+                              expected_seq=head.head_seq, prev_hash=head.head_hash)
+    stored = await store.database.fetchrow(
+        "SELECT idempotency_key FROM wal_events WHERE task_id = 'derived-1' AND seq = $1",
+        head.head_seq + 1)
+    assert stored["idempotency_key"] == ""  # derived, not stored
+    ran = await cli("retention", "run", "--older-than", "0s", "--archive", str(tmp_path),
+                    "--dsn", database_dsn)
+    assert ran.exit_code == 0, ran.output
+    tombstone = await store.database.fetchrow(
+        "SELECT idempotency_keys FROM wal_archived_tasks WHERE task_id = 'derived-1'")
+    assert tombstone["idempotency_keys"] == [key]
+    task_lines = [orjson.loads(line) for path in tmp_path.glob("wal-archive-*.jsonl")
+                  for line in path.read_bytes().splitlines()
+                  if orjson.loads(line).get("kind") == "task"
+                  and orjson.loads(line).get("task_id") == "derived-1"]
+    assert [line["idempotency_keys"] for line in task_lines] == [[key]]

@@ -90,12 +90,15 @@ SELECT count(*) AS events, coalesce(sum(octet_length(payload)), 0) AS bytes FROM
 """
 
 TASK_KEYS: Final = """
-SELECT k FROM (SELECT x.idempotency_key AS k FROM wal_events x
+SELECT k FROM (SELECT wal_event_key(x.chain_version, x.type, x.task_id, x.seq,
+                                     x.idempotency_key) AS k
+                 FROM wal_events x
                 WHERE x.tenant = current_setting('wal.tenant', true) AND x.task_id = $1
                   AND x.idempotency_key IS NOT NULL
                UNION
                SELECT i.key FROM wal_idempotency i
                 WHERE i.tenant = current_setting('wal.tenant', true) AND i.task_id = $1) AS keys
+ WHERE k IS NOT NULL
  ORDER BY k
  LIMIT $2
 """
