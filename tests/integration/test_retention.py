@@ -418,8 +418,10 @@ async def test_an_intents_derived_key_is_archived_and_kept_in_the_tombstone(
     tombstone = await store.database.fetchrow(
         "SELECT idempotency_keys FROM wal_archived_tasks WHERE task_id = 'derived-1'")
     assert tombstone["idempotency_keys"] == [key]
-    task_lines = [orjson.loads(line) for path in tmp_path.glob("wal-archive-*.jsonl")
-                  for line in path.read_bytes().splitlines()
-                  if orjson.loads(line).get("kind") == "task"
-                  and orjson.loads(line).get("task_id") == "derived-1"]
-    assert [line["idempotency_keys"] for line in task_lines] == [[key]]
+    def task_lines() -> list[Any]:
+        return [line for path in tmp_path.glob("wal-archive-*.jsonl")
+                for line in map(orjson.loads, path.read_bytes().splitlines())
+                if line.get("kind") == "task" and line.get("task_id") == "derived-1"]
+
+    lines_read = await asyncio.to_thread(task_lines)
+    assert [line["idempotency_keys"] for line in lines_read] == [[key]]
