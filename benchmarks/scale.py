@@ -249,7 +249,9 @@ async def fill(dsn: str, tasks: int, events: int, *, queued: int | None = None) 
         await connection.execute("VACUUM ANALYZE wal_events")
         sizes = await connection.fetchrow(
             "SELECT pg_database_size(current_database()) AS database,"
-            " pg_total_relation_size('wal_events') AS events,"
+            # A partitioned table's own size is 0: its partitions hold the rows.
+            " (SELECT sum(pg_total_relation_size(relid))::int8"
+            "    FROM pg_partition_tree('wal_events')) AS events,"
             " pg_total_relation_size('wal_tasks') AS tasks,"
             " (SELECT count(*) FROM wal_events) AS event_rows,"
             " (SELECT count(*) FROM wal_tasks) AS task_rows")
