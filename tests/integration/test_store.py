@@ -372,3 +372,28 @@ async def test_claim_records_the_claim_and_bumps_epoch(store: Store) -> None:
     assert history[-1].decode() == ev.TaskClaimed(worker_id="worker-a", attempt=1)
     assert history[-1].epoch == 1
     assert await claim(store.database, "worker-b") == []
+
+
+async def test_a_listing_runs_its_page_on_the_generic_plan_and_leaves_nothing_behind(
+        database_dsn: str) -> None:
+    """list_tasks runs in a read-only transaction of its own with generic plans (at a
+    million tasks, re-planning each page cost more than the page); the setting ends with
+    the transaction, on the one connection of the pool, also when the page fails."""
+    database = await Database.open(database_dsn, migrate=False, min_size=1, max_size=1)
+    try:
+        store = Store(database)
+        for number in range(3):
+            await store.create_task(f"list-{number}", "agent")
+        assert [head.task_id for head in await store.list_tasks(status="QUEUED")] == [
+            "list-0", "list-1", "list-2"]
+        async with database.acquire() as connection:
+            assert await connection.fetchval("SHOW plan_cache_mode") == "auto"
+            assert not connection.is_in_transaction()
+        with pytest.raises(InvalidInput):
+            await store.list_tasks(agent="bad\x00agent")
+        async with database.acquire() as connection:
+            assert await connection.fetchval("SHOW plan_cache_mode") == "auto"
+            assert not connection.is_in_transaction()
+        assert len(await store.list_tasks(after_task_id="list-0")) == 2
+    finally:
+        await database.close()

@@ -352,6 +352,11 @@ SELECT t.task_id, t.agent, t.status, coalesce(last.seq, t.head_seq) AS head_seq,
  ORDER BY t.task_id
 """
 
+# A read-only transaction whose prepared statements run on their generic plans
+# (Store.list_tasks), in one round trip.
+BEGIN_GENERIC_PLANS: Final = (
+    "BEGIN READ ONLY; SET LOCAL plan_cache_mode = force_generic_plan")
+
 # One statement per combination of filters: "($n IS NULL OR col = $n)" would make the
 # generic plan of a prepared statement scan the whole table.
 LIST_TASKS: Final = {

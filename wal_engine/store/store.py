@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
@@ -205,6 +206,13 @@ def check_history_bound(task_id: str, expected_seq: int, events: Sequence[vocabu
     raise InvalidInput(f"task {task_id!r} would hold more than {events_max} events")
 
 
+async def _rollback_quietly(connection: asyncpg.Connection) -> None:
+    """End a transaction opened by hand after its statement failed (the pool would also
+    roll it back when the connection returns; this keeps the failure the caller's)."""
+    with contextlib.suppress(Exception):
+        await connection.execute("ROLLBACK")
+
+
 class Store:
     """Reads and writes the log. Every method is one round trip unless it says otherwise."""
 
@@ -366,11 +374,26 @@ class Store:
         after_task_id: str = "",
         limit: int = 100,
     ) -> list[TaskHead]:
-        """Heads ordered by task id, filtered; page with ``after_task_id``."""
+        """Heads ordered by task id, filtered; page with ``after_task_id``. Three round
+        trips (a read-only transaction running the page on its generic plan)."""
         limit = max(1, min(limit, 10_000))
         filters = [str(value) for value in (status, agent) if value is not None]
         statement = queries.LIST_TASKS[(status is not None, agent is not None)]
-        rows = await self.database.fetch(statement, after_task_id, limit, *filters)
+        # The page runs on its generic plan, in a read-only transaction of its own (so the
+        # setting ends with it, also through a pooler): at a million tasks PostgreSQL found
+        # the generic plan dearer than a custom one and planned every page again, which
+        # cost more than the page (benchmarks/scale.py list_page 337-442 µs against
+        # 186-202 µs with the generic plan, flat with the empty database's 164-183 µs;
+        # docs/scaling.md). Two round trips more than a lone statement; listings are not
+        # on a task's path.
+        async with self.database.acquire() as connection:
+            await connection.execute(queries.BEGIN_GENERIC_PLANS)
+            try:
+                rows = await connection.fetch(statement, after_task_id, limit, *filters)
+            except BaseException:
+                await _rollback_quietly(connection)
+                raise
+            await connection.execute("COMMIT")
         return [head_from_row(row) for row in rows]
 
     # ------------------------------------------------------------------ appends
