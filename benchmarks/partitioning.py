@@ -50,7 +50,7 @@ from wal_engine.engine import Engine, connect
 from wal_engine.ids import new_task_id
 from wal_engine.runtime.resume import read_state
 from wal_engine.store import queries
-from wal_engine.store.connection import apply_schema, schema_checksum, schema_sql, with_database
+from wal_engine.store.connection import apply_schema, schema_checksum, schema_sql
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MEASURES: Final = ("append_new", "append_old", "read_old", "resume_1000", "verify")
@@ -86,13 +86,7 @@ LANGUAGE sql AS $flat$ SELECT NULL::text, 0::bigint WHERE false $flat$;
 async def create(admin_dsn: str, name: str, partitioned: bool,
                  months: list[dt.datetime]) -> str:
     """A new database ``name``: schema 5, partitioned or flat (``flat_schema``)."""
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = with_database(admin_dsn, name)
+    dsn = await scale.new_database(admin_dsn, name)
     connection = await asyncpg.connect(dsn, server_settings={"wal.tenant": scale.TENANT})
     try:
         if partitioned:

@@ -744,15 +744,20 @@ async def throughput(side: Side, running: int, processes: int, window_s: float,
 # ----------------------------------------------------------------------------- main
 
 
-async def create_database(admin_dsn: str, name: str) -> str:
-    """A new database ``name`` (dropped first) with the schema applied; its DSN."""
+async def new_database(admin_dsn: str, name: str) -> str:
+    """A new, empty database ``name`` (dropped first); its DSN."""
     admin = await asyncpg.connect(admin_dsn)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    dsn = with_database(admin_dsn, name)
+    return with_database(admin_dsn, name)
+
+
+async def create_database(admin_dsn: str, name: str) -> str:
+    """A new database ``name`` (dropped first) with the schema applied; its DSN."""
+    dsn = await new_database(admin_dsn, name)
     connection = await asyncpg.connect(dsn)
     try:
         await apply_schema(connection)

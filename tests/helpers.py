@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,31 @@ async def drive(engine: Any, task_id: str, status: str | None = None, *,
     finally:
         worker.stop()
         await running
+
+
+def sql_literal(value: Any) -> str:
+    """A SQL literal for EXPLAIN EXECUTE of a prepared statement (test values only)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return f"'\\x{value.hex()}'::bytea"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(sql_literal(item) for item in value) + "]"
+    if isinstance(value, dt.datetime):
+        return f"'{value.isoformat()}'::timestamptz"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    found: list[dict[str, Any]] = []
+    pending = [item["Plan"] for item in plan]
+    while pending:
+        node = pending.pop()
+        found.append(node)
+        pending.extend(node.get("Plans", []))
+    return found

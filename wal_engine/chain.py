@@ -74,6 +74,23 @@ def event_hash(
     return digest.digest()
 
 
+def _framed_hash(tag: bytes, prev_hash: bytes, task_id: str, seq: int, event_type: str,
+                 version: int, epoch: int, recorded_at: dt.datetime,
+                 idempotency_key: str | None, payload: bytes) -> bytes:
+    """The chain hash of versions 2 and 3, which differ only by their leading tag: every
+    free-text field length-prefixed, the time in microseconds, then the payload."""
+    task = task_id.encode()
+    kind = event_type.encode()
+    key = b"-" if idempotency_key is None else \
+        b"%d:%s" % (len(idempotency_key.encode()), idempotency_key.encode())
+    digest = hashlib.sha256(prev_hash)
+    digest.update(b"%s\n%d:%s\n%d\n%d:%s\n%d\n%d\n%d\n%s\n" % (
+        tag, len(task), task, seq, len(kind), kind, version, epoch, microseconds(recorded_at),
+        key))
+    digest.update(payload)
+    return digest.digest()
+
+
 def event_hash_v2(
     prev_hash: bytes,
     task_id: str,
@@ -86,15 +103,8 @@ def event_hash_v2(
     payload: bytes,
 ) -> bytes:
     """Return the chain hash (version 2) of one event: also covers the time and the key."""
-    task = task_id.encode()
-    kind = event_type.encode()
-    key = b"-" if idempotency_key is None else \
-        b"%d:%s" % (len(idempotency_key.encode()), idempotency_key.encode())
-    digest = hashlib.sha256(prev_hash)
-    digest.update(b"2\n%d:%s\n%d\n%d:%s\n%d\n%d\n%d\n%s\n" % (
-        len(task), task, seq, len(kind), kind, version, epoch, microseconds(recorded_at), key))
-    digest.update(payload)
-    return digest.digest()
+    return _framed_hash(b"2", prev_hash, task_id, seq, event_type, version, epoch,
+                        recorded_at, idempotency_key, payload)
 
 
 def event_hash_v3(
@@ -110,15 +120,8 @@ def event_hash_v3(
 ) -> bytes:
     """Return the chain hash (version 3) of one event: version 2's, tagged ``3``; the key is
     the event's own (:func:`effective_key`), whether or not its row stores it."""
-    task = task_id.encode()
-    kind = event_type.encode()
-    key = b"-" if idempotency_key is None else \
-        b"%d:%s" % (len(idempotency_key.encode()), idempotency_key.encode())
-    digest = hashlib.sha256(prev_hash)
-    digest.update(b"3\n%d:%s\n%d\n%d:%s\n%d\n%d\n%d\n%s\n" % (
-        len(task), task, seq, len(kind), kind, version, epoch, microseconds(recorded_at), key))
-    digest.update(payload)
-    return digest.digest()
+    return _framed_hash(b"3", prev_hash, task_id, seq, event_type, version, epoch,
+                        recorded_at, idempotency_key, payload)
 
 
 def stored_key(task_id: str, seq: int, event_type: str, key: str | None) -> str | None:

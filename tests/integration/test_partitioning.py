@@ -15,7 +15,7 @@ import asyncpg
 import orjson
 import pytest
 
-from tests.helpers import REPOSITORY, claim
+from tests.helpers import REPOSITORY, claim, plan_nodes, sql_literal
 from tests.integration.tenant_roles import TenantRoles
 from tests.integration.test_cli_agents import cli, lines
 from tests.integration.test_retention import _finish
@@ -63,37 +63,12 @@ def _function_statement(name: str, starts: str, variables: dict[str, str]) -> st
     return statement
 
 
-def _literal(value: Any) -> str:
-    """A SQL literal for EXPLAIN EXECUTE (test values only)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bytes):
-        return f"'\\x{value.hex()}'::bytea"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(_literal(item) for item in value) + "]"
-    if isinstance(value, dt.datetime):
-        return f"'{value.isoformat()}'::timestamptz"
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-def _nodes(plan: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    pending = [item["Plan"] for item in plan]
-    while pending:
-        node = pending.pop()
-        found.append(node)
-        pending.extend(node.get("Plans", []))
-    return found
 
 
 def _touched(plan: Any) -> dict[str, set[str]]:
     """The partitions each partitioned table's scans kept, by table."""
     touched: dict[str, set[str]] = {}
-    for node in _nodes(plan):
+    for node in plan_nodes(plan):
         match = PARTITION_NAME.match(node.get("Relation Name", ""))
         if match:
             touched.setdefault(match.group(1), set()).add(node["Relation Name"])
@@ -174,7 +149,7 @@ async def test_hot_statements_touch_one_partition(database_dsn: str, store: Stor
                 await connection.execute(f"PREPARE hot_{index} AS {statement}")
             except asyncpg.PostgresError as error:
                 raise AssertionError((name, statement)) from error
-            literals = ", ".join(_literal(value) for value in values)
+            literals = ", ".join(sql_literal(value) for value in values)
             plan = orjson.loads(await connection.fetchval(
                 f"EXPLAIN (FORMAT JSON) EXECUTE hot_{index}({literals})"))
             text = orjson.dumps(plan).decode()

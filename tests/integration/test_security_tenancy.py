@@ -27,6 +27,7 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers import plan_nodes, sql_literal
 from tests.integration.tenant_roles import TenantRoles
 from tests.integration.tenant_roles import sqlstate as _sqlstate
 from wal_engine import events as ev
@@ -520,7 +521,7 @@ async def test_hot_statements_probe_the_primary_keys(
             # The generic plan, as a prepared statement runs it after its first executions;
             # EXPLAIN without ANALYZE runs nothing.
             await connection.execute(f"PREPARE {name.lower()} AS {statement}")
-            literals = ", ".join(_literal(value) for value in values)
+            literals = ", ".join(sql_literal(value) for value in values)
             plan = orjson.loads(await connection.fetchval(
                 f"EXPLAIN (FORMAT JSON) EXECUTE {name.lower()}({literals})"))
             text = orjson.dumps(plan).decode()
@@ -530,7 +531,7 @@ async def test_hot_statements_probe_the_primary_keys(
             # So are the log's month partitions that hold no row yet (APPEND_MANY joins
             # its batch with every partition the batch's tasks may be in; an empty one
             # costs nothing to scan, decision 70).
-            scanned = {node.get("Relation Name") for node in _plan_nodes(plan)
+            scanned = {node.get("Relation Name") for node in plan_nodes(plan)
                        if node.get("Node Type") == "Seq Scan"}
             assert scanned - empty <= {"wal_tenant_roles", "pg_authid"}, (name, scanned, text)
             for table in re.findall(r'"Relation Name":"(wal_\w+)"', text):
@@ -616,31 +617,6 @@ async def test_schema_version_1_database_is_migrated_in_place(database_factory: 
         await engine.close()
         await database_factory.drop(dsn)
 
-
-def _plan_nodes(plan: Any) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan."""
-    found: list[dict[str, Any]] = []
-    pending = [item["Plan"] for item in plan]
-    while pending:
-        node = pending.pop()
-        found.append(node)
-        pending.extend(node.get("Plans", []))
-    return found
-
-
-def _literal(value: Any) -> str:
-    """A SQL literal for EXPLAIN EXECUTE (test values only)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bytes):
-        return f"'\\x{value.hex()}'::bytea"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(_literal(item) for item in value) + "]"
-    if isinstance(value, dt.datetime):
-        return f"'{value.isoformat()}'::timestamptz"
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 def test_wake_token_is_an_opaque_digest() -> None:
